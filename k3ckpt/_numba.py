@@ -1,0 +1,54 @@
+"""numba with an on-disk cache that works on read-only and fresh checkouts.
+
+numba caches compiled kernels next to the source file.  An installed wheel or a
+read-only clone cannot take them, so before numba is first imported we point
+``NUMBA_CACHE_DIR`` at a writable user cache folder unless the caller chose one.
+Import ``njit`` from here, never from numba directly.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".k3ckpt-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def _choose_cache_dir() -> None:
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    candidates = []
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    candidates.append(Path(xdg) if xdg else Path.home() / ".cache")
+    candidates.append(Path(tempfile.gettempdir()))
+    for base in candidates:
+        target = base / "k3ckpt" / "numba"
+        if _writable(target):
+            os.environ["NUMBA_CACHE_DIR"] = str(target)
+            return
+    # Nowhere writable: numba then compiles in memory each run, which is only slower.
+
+
+_choose_cache_dir()
+
+import numba  # noqa: E402  (must follow the cache-dir choice)
+
+
+def njit(*args, **kwargs):
+    """``numba.njit`` with ``cache=True`` and ``nogil=True`` by default."""
+    kwargs.setdefault("cache", True)
+    kwargs.setdefault("nogil", True)
+    return numba.njit(*args, **kwargs)
+
+
+prange = numba.prange

@@ -1,0 +1,76 @@
+"""One exception hierarchy for users' mistakes and bad input.
+
+Every kind subclasses ``K3ckptError`` *and* the builtin it resembles, so callers
+can catch either.  The CLI turns any ``K3ckptError`` into a one-line message and
+exit status 2; anything else is our own bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class K3ckptError(Exception):
+    """Base of every error caused by input, not by a bug in k3ckpt.
+
+    ``file`` and ``tensor`` (when known) are folded into the message so the
+    one-line CLI output names them.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None):
+        self.file = None if file is None else str(file)
+        self.tensor = tensor
+        self.detail = message
+        where = []
+        if self.file:
+            where.append(self.file)
+        if tensor:
+            where.append(f"tensor {tensor!r}")
+        prefix = (": ".join(where) + ": ") if where else ""
+        super().__init__(prefix + message)
+
+
+class InvalidFileError(K3ckptError, ValueError):
+    """A file's bytes do not follow its format (safetensors header, index, pack)."""
+
+
+class TruncatedFileError(InvalidFileError):
+    """A file is shorter than its own header says."""
+
+
+class UnsupportedError(K3ckptError, NotImplementedError):
+    """Valid input that k3ckpt does not handle (unknown dtype, format, model)."""
+
+
+class ShapeError(K3ckptError, ValueError):
+    """A tensor's shape or dtype does not fit what the operation needs."""
+
+
+class UnsafePathError(K3ckptError, PermissionError):
+    """A path from a file (index, manifest) would leave the checkpoint folder."""
+
+
+class NotFoundError(K3ckptError, FileNotFoundError):
+    """A named checkpoint, shard, tensor or format does not exist."""
+
+
+class UsageError(K3ckptError, ValueError):
+    """Bad options or arguments from the caller."""
+
+
+class OutputExistsError(K3ckptError, FileExistsError):
+    """The destination exists and is not something we may overwrite or resume."""
+
+
+class ResumeMismatchError(K3ckptError, ValueError):
+    """A resumed run was started with options different from the first run."""
+
+
+class DiskSpaceError(K3ckptError, OSError):
+    """Not enough free space for the output (checked before large writes)."""
+
+
+class NaNScaleError(K3ckptError, ValueError):
+    """A block scale is NaN (E8M0 0xFF) where a number is required."""
+
+
+class RemoteError(K3ckptError, ConnectionError):
+    """A hub request failed in a way retries did not cure."""

@@ -1,0 +1,489 @@
+"""Checkpoint reader: index + headers at open, tensor bytes only on request.
+
+A checkpoint is a folder with ``model.safetensors.index.json``, a single
+``.safetensors`` file, or a folder of ``*.safetensors`` without an index.
+``open_checkpoint`` reads every shard's header (never tensor data) through
+the strict parser in ``header.py`` and cross-checks them with the index.
+Shard bytes come from ``ByteSource`` objects: ``LocalFile`` (``os.pread`` on
+a kept descriptor) here, hub range reads elsewhere -- ``checkpoint_from_sources``
+holds all index/header logic and knows nothing about local files.
+
+Memory is bounded by what the caller asks for: ``read_bytes``/``read_rows``
+return exactly the requested range, ``iter_chunks`` at most ``chunk_bytes``
+at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import (
+    InvalidFileError,
+    NotFoundError,
+    ShapeError,
+    TruncatedFileError,
+    UnsafePathError,
+    UsageError,
+)
+from . import dtypes
+from .header import Header, TensorInfo, loads_strict, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+MAX_JSON_BYTES = 1 << 30  # index/config files beyond 1 GiB are not plausible (K3's index is ~60 MB)
+
+
+@runtime_checkable
+class ByteSource(Protocol):
+    """What the reader needs from a shard: its size and positioned reads."""
+
+    name: str
+    size: int
+
+    def pread(self, offset: int, n: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class LocalFile:
+    """A local file read with ``os.pread`` on a descriptor opened on first use.
+
+    Short reads raise ``TruncatedFileError``; a file whose size changed since
+    it was opened is refused (``InvalidFileError``).
+    """
+
+    def __init__(self, path: str | os.PathLike, name: str | None = None):
+        self.path = Path(path)
+        self.name = name if name is not None else self.path.name
+        try:
+            self.size = self.path.stat().st_size
+        except FileNotFoundError:
+            raise NotFoundError("no such file", file=str(self.path)) from None
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def _fileno(self) -> int:
+        with self._lock:  # readers may share a checkpoint across threads
+            if self._fd is None:
+                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    os.close(fd)
+                    raise InvalidFileError("not a regular file", file=str(self.path))
+                if st.st_size != self.size:
+                    os.close(fd)
+                    raise InvalidFileError(f"file changed size from {self.size:,} to {st.st_size:,} while open",
+                                           file=str(self.path))
+                self._fd = fd
+            return self._fd
+
+    def _check(self, offset: int, n: int) -> None:
+        if offset < 0 or n < 0:
+            raise UsageError(f"pread needs offset, n >= 0, got {offset}, {n}", file=str(self.path))
+        if offset + n > self.size:
+            raise TruncatedFileError(f"read of {n:,} bytes at {offset:,} passes the end ({self.size:,} bytes)",
+                                     file=str(self.path))
+
+    def pread(self, offset: int, n: int) -> bytes:
+        self._check(offset, n)
+        buf = bytearray(n)
+        self.pread_into(offset, memoryview(buf))
+        return bytes(buf)
+
+    def pread_into(self, offset: int, buf: memoryview) -> None:
+        """Fill ``buf`` (a writable byte buffer) from ``offset``: no extra copy."""
+        view = memoryview(buf).cast("B")
+        n = view.nbytes
+        self._check(offset, n)
+        fd = self._fileno()
+        got = 0
+        while got < n:
+            k = os.preadv(fd, [view[got:]], offset + got)
+            if k == 0:
+                raise TruncatedFileError(f"short read at {offset + got:,}: file ended early", file=str(self.path))
+            got += k
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __repr__(self) -> str:
+        return f"LocalFile({str(self.path)!r})"
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lives: its header entry, its shard, its absolute offset."""
+
+    info: TensorInfo
+    shard: str          # shard file name, relative to the checkpoint folder
+    data_offset: int    # absolute file offset of the first byte
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def dtype(self) -> str:
+        return self.info.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.info.nbytes
+
+
+# ---------------------------------------------------------------------------
+# names and paths
+
+
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def check_shard_name(name: Any, *, source: str) -> str:
+    """A shard name from an index must be a relative path of plain components
+    inside the checkpoint folder: no absolute path, drive, backslash, ``..``,
+    ``.`` or empty component.  Lexical only; see ``resolve_inside`` for links."""
+    if not isinstance(name, str) or not name:
+        raise InvalidFileError(f"shard name must be a non-empty string, found {name!r}", file=source)
+    if "\x00" in name or "\\" in name or name.startswith("/") or _WINDOWS_DRIVE.match(name):
+        raise UnsafePathError(f"shard name {name!r} is not a relative file name inside the folder", file=source)
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafePathError(f"shard name {name!r} has an empty, '.' or '..' component", file=source)
+    return name
+
+
+def _allowed_roots(root: Path) -> list[Path]:
+    """The folder itself, plus -- for a Hugging Face cache snapshot
+    (``<repo>/snapshots/<rev>``) -- the repo's ``blobs`` folder its links point to."""
+    base = root.resolve()
+    roots = [base]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        roots.append((root.parent.parent / "blobs").resolve())
+    return roots
+
+
+def resolve_inside(root: Path, name: str, *, source: str) -> Path:
+    """``root/name`` after checking the name and that following links stays inside ``root``."""
+    check_shard_name(name, source=source)
+    path = root / PurePosixPath(name)
+    real = path.resolve()
+    if not any(real == r or r in real.parents for r in _allowed_roots(root)):
+        raise UnsafePathError(f"shard {name!r} resolves to {str(real)!r}, outside the checkpoint folder",
+                              file=source)
+    return path
+
+
+def _natural_key(name: str) -> list[Any]:
+    # model-2 before model-10 for unpadded names; same as plain sort when zero padded
+    return [(0, int(t), t) if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
+
+
+def _load_json_file(path: Path, *, what: str) -> Any:
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise InvalidFileError(f"{what} is {size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit", file=str(path))
+    return loads_strict(path.read_bytes(), source=str(path), what=what)
+
+
+def load_config(path: str | os.PathLike) -> dict:
+    """A ``config.json``: strict JSON object (InvalidFileError otherwise)."""
+    path = Path(path)
+    obj = _load_json_file(path, what="config JSON")
+    if not isinstance(obj, dict):
+        raise InvalidFileError(f"config must be a JSON object, found {type(obj).__name__}", file=str(path))
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# index and headers, independent of where the bytes come from
+
+
+def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
+    """Validate an index object: ``weight_map`` str->str with safe shard names,
+    optional ``metadata`` object.  Returns ``(weight_map, metadata)``."""
+    if not isinstance(index_json, dict):
+        raise InvalidFileError(f"index must be a JSON object, found {type(index_json).__name__}", file=source)
+    wm = index_json.get("weight_map")
+    if not isinstance(wm, dict):
+        raise InvalidFileError(f"index needs a 'weight_map' object, found {type(wm).__name__}", file=source)
+    meta = index_json.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise InvalidFileError(f"index 'metadata' must be an object, found {type(meta).__name__}", file=source)
+    for tensor, shard in wm.items():
+        if not isinstance(shard, str):
+            raise InvalidFileError(f"weight_map value must be a shard name, found {shard!r}", file=source,
+                                   tensor=tensor)
+        check_shard_name(shard, source=source)
+    return dict(wm), dict(meta)
+
+
+def checkpoint_from_sources(
+    index_json: dict | None,
+    sources: dict[str, ByteSource],
+    config: dict | None = None,
+    *,
+    root: Path | None = None,
+    index_source: str = INDEX_NAME,
+) -> Checkpoint:
+    """Build a ``Checkpoint`` from shard byte sources (local or remote).
+
+    With ``index_json`` every tensor must be listed for the shard whose header
+    holds it and vice versa; ``sources`` must cover every shard the index
+    names.  Without it, ``sources`` are the shards (taken in natural name
+    order).  The sources are owned by the returned checkpoint (closed by it),
+    also when this function raises.
+    """
+    try:
+        return _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source)
+    except BaseException:
+        for s in sources.values():
+            s.close()
+        raise
+
+
+def _checkpoint_from_sources(index_json, sources, config, *, root, index_source) -> Checkpoint:
+    if index_json is not None:
+        weight_map, index_meta = parse_index(index_json, source=index_source)
+        shards = sorted(set(weight_map.values()), key=_natural_key)
+        for s in shards:
+            if s not in sources:
+                raise NotFoundError(f"index names shard {s!r}, which is not available", file=index_source)
+    else:
+        weight_map, index_meta = None, {}
+        shards = sorted(sources, key=_natural_key)
+    for s in shards:
+        check_shard_name(s, source=index_source)
+
+    headers: dict[str, Header] = {}
+    tensors: dict[str, TensorEntry] = {}
+    for s in shards:
+        src = sources[s]
+        h = read_header(src, source=_label(root, s))
+        headers[s] = h
+        for name, info in h.tensors.items():
+            if name in tensors:
+                raise InvalidFileError(f"tensor is in both shard {tensors[name].shard!r} and shard {s!r}",
+                                       file=_label(root, s), tensor=name)
+            if weight_map is not None:
+                listed = weight_map.get(name)
+                if listed is None:
+                    raise InvalidFileError(f"shard {s!r} holds this tensor but the index does not list it",
+                                           file=index_source, tensor=name)
+                if listed != s:
+                    raise InvalidFileError(f"index lists it in shard {listed!r} but shard {s!r} holds it",
+                                           file=index_source, tensor=name)
+            tensors[name] = TensorEntry(info=info, shard=s, data_offset=h.data_start + info.start)
+    if weight_map is not None:
+        for name, s in weight_map.items():
+            if name not in tensors:
+                raise InvalidFileError(f"index lists it in shard {s!r} but that shard's header does not hold it",
+                                       file=index_source, tensor=name)
+    used = {s: sources[s] for s in shards}
+    for s, src in sources.items():  # sources the index does not name are not ours to keep open
+        if s not in used:
+            src.close()
+    return Checkpoint(root=root, config=config, index_metadata=index_meta, shards=shards,
+                      headers=headers, tensors=tensors, sources=used)
+
+
+def _label(root: Path | None, shard: str) -> str:
+    return str(root / shard) if root is not None else shard
+
+
+# ---------------------------------------------------------------------------
+# the checkpoint
+
+
+class Checkpoint:
+    """An opened checkpoint: headers in memory, tensor data read on request."""
+
+    def __init__(self, *, root: Path | None, config: dict | None, index_metadata: dict, shards: list[str],
+                 headers: dict[str, Header], tensors: dict[str, TensorEntry], sources: dict[str, ByteSource]):
+        self.root = root
+        self.config = config
+        self.index_metadata = index_metadata
+        self.shards = shards
+        self.headers = headers
+        self.tensors = tensors
+        self._sources = sources
+
+    def __repr__(self) -> str:
+        where = str(self.root) if self.root is not None else "<sources>"
+        return f"<Checkpoint {where}: {len(self.shards)} shards, {len(self.tensors)} tensors>"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def entry(self, name: str) -> TensorEntry:
+        try:
+            return self.tensors[name]
+        except (KeyError, TypeError):
+            raise NotFoundError("no such tensor in the checkpoint", file=self._where(), tensor=str(name)) from None
+
+    def _where(self) -> str:
+        return str(self.root) if self.root is not None else "checkpoint"
+
+    def source(self, shard: str) -> ByteSource:
+        try:
+            return self._sources[shard]
+        except KeyError:
+            raise NotFoundError(f"no shard {shard!r} in the checkpoint", file=self._where()) from None
+
+    def shard_size(self, shard: str) -> int:
+        """File size of a shard, as its header describes it (== the file's size)."""
+        self.source(shard)
+        return self.headers[shard].file_size
+
+    @property
+    def total_size(self) -> int:
+        """Sum of tensor data bytes (what an index's ``total_size`` should say)."""
+        return sum(e.nbytes for e in self.tensors.values())
+
+    def _range(self, e: TensorEntry, start: int, stop: int | None) -> tuple[int, int]:
+        stop = e.nbytes if stop is None else stop
+        if not (isinstance(start, (int, np.integer)) and isinstance(stop, (int, np.integer))
+                and 0 <= start <= stop <= e.nbytes):
+            raise UsageError(f"byte range [{start}, {stop}) is not inside [0, {e.nbytes})", tensor=e.name)
+        return int(start), int(stop)
+
+    def _read_into(self, e: TensorEntry, start: int, out: np.ndarray) -> None:
+        src = self._sources[e.shard]
+        n = out.nbytes
+        if n == 0:
+            return
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        if hasattr(src, "pread_into"):
+            src.pread_into(e.data_offset + start, view)
+        else:
+            data = src.pread(e.data_offset + start, n)
+            if len(data) != n:
+                raise TruncatedFileError(f"short read: wanted {n:,} bytes, got {len(data):,}",
+                                         file=_label(self.root, e.shard), tensor=e.name)
+            view[:] = data
+
+    def read_bytes(self, name: str, start: int = 0, stop: int | None = None) -> bytes:
+        """Bytes ``[start, stop)`` of a tensor's data."""
+        e = self.entry(name)
+        start, stop = self._range(e, start, stop)
+        buf = np.empty(stop - start, np.uint8)
+        self._read_into(e, start, buf)
+        return buf.tobytes()
+
+    @staticmethod
+    def _storage(e: TensorEntry) -> tuple[np.dtype, bool]:
+        dt = dtypes.lookup(e.dtype)
+        if dt.bits % 8:
+            return np.dtype(np.uint8), False
+        return np.dtype(dt.storage).newbyteorder("<"), True
+
+    def read_raw(self, name: str) -> np.ndarray:
+        """The whole tensor as its storage dtype (bytes uninterpreted: BF16 and
+        F8 come back as uint16/uint8), shaped; sub-byte dtypes as flat uint8."""
+        e = self.entry(name)
+        st, shaped = self._storage(e)
+        out = np.empty(e.nbytes // st.itemsize, st)
+        self._read_into(e, 0, out)
+        return out.reshape(e.shape) if shaped else out
+
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of the first dimension, same dtype rules as ``read_raw``."""
+        e = self.entry(name)
+        if not e.shape:
+            raise ShapeError("a 0-d tensor has no rows", tensor=name)
+        rows = e.shape[0]
+        if not (isinstance(start, (int, np.integer)) and isinstance(stop, (int, np.integer))
+                and 0 <= start <= stop <= rows):
+            raise UsageError(f"rows [{start}, {stop}) are not inside [0, {rows})", tensor=name)
+        row_bytes = dtypes.lookup(e.dtype).nbytes(e.shape[1:])
+        if row_bytes is None:
+            raise ShapeError(f"{e.dtype} rows of shape {list(e.shape[1:])} do not end on a byte boundary",
+                             tensor=name)
+        st, shaped = self._storage(e)
+        out = np.empty((int(stop) - int(start)) * row_bytes // st.itemsize, st)
+        self._read_into(e, int(start) * row_bytes, out)
+        return out.reshape((int(stop) - int(start),) + e.shape[1:]) if shaped else out
+
+    def iter_chunks(self, name: str, chunk_bytes: int = 64 << 20) -> Iterator[bytes]:
+        """The tensor's bytes in order, at most ``chunk_bytes`` at a time."""
+        e = self.entry(name)
+        if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+            raise UsageError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        for pos in range(0, e.nbytes, chunk_bytes):
+            yield self.read_bytes(name, pos, min(pos + chunk_bytes, e.nbytes))
+
+    def close(self) -> None:
+        for s in self._sources.values():
+            s.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSource] | None = None) -> Checkpoint:
+    """Open a folder with an index, a single ``.safetensors`` file, or a folder
+    of ``*.safetensors`` (no index).  ``opener(shard_name)`` may supply the
+    shard bytes (e.g. remote); by default they are local files, checked to stay
+    inside the folder."""
+    path = Path(path)
+    if not path.exists():
+        raise NotFoundError("no such file or folder", file=str(path))
+    if path.is_dir():
+        root = path
+        index_path = path / INDEX_NAME
+        if index_path.is_file():
+            index_json = _load_json_file(index_path, what="index JSON")
+            weight_map, _ = parse_index(index_json, source=str(index_path))
+            names = sorted(set(weight_map.values()), key=_natural_key)
+        else:
+            index_json = None
+            names = sorted((p.name for p in path.glob("*.safetensors") if not p.name.startswith(".")),
+                           key=_natural_key)
+            if not names:
+                raise NotFoundError(f"no {INDEX_NAME} and no *.safetensors files", file=str(path))
+        index_source = str(index_path)
+    else:
+        root = path.parent
+        index_json = None
+        names = [path.name]
+        index_source = str(path)
+
+    config = None
+    if (root / CONFIG_NAME).is_file():
+        config = load_config(root / CONFIG_NAME)
+
+    def local(name: str) -> ByteSource:
+        p = resolve_inside(root, name, source=index_source) if path.is_dir() else path
+        if not p.is_file():
+            raise NotFoundError(f"shard {name!r} is missing", file=str(p))
+        return LocalFile(p, name=name)
+
+    get = opener or local
+    sources: dict[str, ByteSource] = {}
+    try:
+        for n in names:
+            sources[n] = get(n)
+    except BaseException:
+        for s in sources.values():
+            s.close()
+        raise
+    return checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source)

@@ -1,0 +1,447 @@
+"""Streaming, atomic safetensors writer (one file or many shards plus an index).
+
+The layout is fixed before any byte is written: every shard's header is known
+from the ``TensorSpec`` list, so tensor data can arrive in any order, whole or
+in chunks, and is placed with ``pwrite`` at its final offset.  Each shard is
+written to a hidden temporary file in the destination folder and only renamed
+to its final name (after flush, fsync and chmod 0644) once every byte of every
+tensor in it has been written; the index is written last.  An error or
+``abort()`` removes the temporaries and never touches a final name.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import DiskSpaceError, OutputExistsError, ShapeError, UsageError
+from . import dtypes
+from .header import build_header, read_header
+
+_FILE_MODE = 0o644  # safetensors 0.8.0 writes 0600 (issue #782); we want shareable files
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, safetensors dtype string and shape of a tensor to be written."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise UsageError(f"tensor name must be a non-empty string, got {self.name!r}")
+        dt = dtypes.lookup(self.dtype)
+        shape = tuple(self.shape)
+        if not all(type(d) is int or isinstance(d, np.integer) for d in shape) or any(int(d) < 0 for d in shape):
+            raise ShapeError(f"shape must hold non-negative ints, got {shape!r}", tensor=self.name)
+        shape = tuple(int(d) for d in shape)
+        object.__setattr__(self, "shape", shape)
+        if dt.nbytes(shape) is None:
+            raise ShapeError(f"{dt.name} shape {list(shape)} does not end on a byte boundary", tensor=self.name)
+
+    @property
+    def nbytes(self) -> int:
+        n = dtypes.lookup(self.dtype).nbytes(self.shape)
+        assert n is not None  # checked in __post_init__
+        return n
+
+
+@dataclass
+class _Shard:
+    name: str
+    tmp: Path
+    final: Path
+    prefix: bytes
+    data_start: int
+    file_size: int
+    tensors: list[str]
+    pending: set[str]
+    fd: int | None = None
+    inflight: int = 0
+    done: bool = False
+
+
+def _as_bytes_view(data: Any, *, tensor: str) -> memoryview:
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise UsageError("array is not C-contiguous; pass np.ascontiguousarray(a)", tensor=tensor)
+        if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and np.little_endian is False):
+            raise UsageError(f"array dtype {data.dtype} is big-endian; safetensors stores little-endian", tensor=tensor)
+        return memoryview(data.reshape(-1).view(np.uint8))
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise UsageError(f"tensor data must be bytes, memoryview or numpy array, got {type(data).__name__}",
+                         tensor=tensor) from None
+    if not mv.c_contiguous:
+        raise UsageError("buffer is not C-contiguous", tensor=tensor)
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems cannot fsync a directory
+        if e.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.fchmod(fd, _FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class ShardedWriter:
+    """Write tensors into shards laid out up front from ``specs``.
+
+    ``write(name, data)`` takes a whole tensor; ``write_chunk(name, offset,
+    data)`` a byte range of one (any order; overlapping rewrites of a tensor
+    that is not yet complete are allowed).  A shard is finalized as soon as all
+    its tensors are complete; ``close()`` checks that everything was written,
+    writes the index and returns the final paths.  Use as a context manager:
+    an exception inside ``with`` aborts.  Writes from several threads are safe.
+
+    ``overwrite=False`` refuses (``OutputExistsError``) when a final shard or
+    index name already exists.
+    """
+
+    def __init__(
+        self,
+        dst_dir: str | os.PathLike,
+        specs: Sequence[TensorSpec],
+        *,
+        max_shard_bytes: int = 5_000_000_000,
+        name_template: str = "model-{index:05d}-of-{count:05d}.safetensors",
+        metadata: dict[str, str] | None = None,
+        index_name: str = "model.safetensors.index.json",
+        write_index: bool | None = None,
+        overwrite: bool = False,
+        check_free_space: bool = True,
+    ):
+        from .reader import check_shard_name
+
+        if not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
+            raise UsageError(f"max_shard_bytes must be a positive int, got {max_shard_bytes!r}")
+        self.dst_dir = Path(dst_dir)
+        self.specs: dict[str, TensorSpec] = {}
+        for s in specs:
+            if not isinstance(s, TensorSpec):
+                raise UsageError(f"specs must be TensorSpec, got {type(s).__name__}")
+            if s.name in self.specs:
+                raise UsageError("tensor named twice in specs", tensor=s.name)
+            self.specs[s.name] = s
+
+        # Greedy layout in the given order: start a new shard when this tensor
+        # would pass the limit, unless the shard is still empty.
+        groups: list[list[TensorSpec]] = [[]]
+        size = 0
+        for s in self.specs.values():
+            if groups[-1] and size + s.nbytes > max_shard_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(s)
+            size += s.nbytes
+        count = len(groups)
+        try:
+            names = [name_template.format(index=i + 1, count=count) for i in range(count)]
+        except (KeyError, IndexError, ValueError) as e:
+            raise UsageError(f"name_template {name_template!r} does not format: {e}") from None
+        if len(set(names)) != count:
+            raise UsageError(f"name_template {name_template!r} gives the same name to several of {count} shards")
+        for n in names + [index_name]:
+            check_shard_name(n, source="ShardedWriter")
+        self.write_index = count > 1 if write_index is None else bool(write_index)
+        self.index_path = self.dst_dir / index_name
+        if index_name in names and self.write_index:
+            raise UsageError(f"index name {index_name!r} collides with a shard name")
+
+        self._shards: dict[str, _Shard] = {}
+        self.shard_of: dict[str, str] = {}
+        self._offset: dict[str, int] = {}   # absolute file offset of each tensor's first byte
+        self._ranges: dict[str, list[list[int]]] = {}  # merged [start, end) written, per tensor
+        for name, group in zip(names, groups):
+            prefix, offs = build_header([(s.name, s.dtype, s.shape, s.nbytes) for s in group], metadata)
+            data_start = len(prefix)
+            sh = _Shard(
+                name=name,
+                tmp=self.dst_dir / f".{name}.partial",
+                final=self.dst_dir / name,
+                prefix=prefix,
+                data_start=data_start,
+                file_size=data_start + (offs[-1][1] if offs else 0),
+                tensors=[s.name for s in group],
+                pending={s.name for s in group if s.nbytes > 0},
+            )
+            self._shards[name] = sh
+            for s, (b, _e) in zip(group, offs):
+                self.shard_of[s.name] = name
+                self._offset[s.name] = data_start + b
+                self._ranges[s.name] = []
+        self.shards: list[str] = names
+        self._lock = threading.Lock()
+        self._closed = False
+        self._aborted = False
+
+        if not overwrite:
+            finals = [sh.final for sh in self._shards.values()] + ([self.index_path] if self.write_index else [])
+            existing = [str(p) for p in finals if os.path.lexists(p)]
+            if existing:
+                raise OutputExistsError(f"{len(existing)} output file(s) already exist, e.g. {existing[0]}; "
+                                        "pass overwrite=True to replace them", file=str(self.dst_dir))
+        self.dst_dir.mkdir(parents=True, exist_ok=True)
+        if check_free_space:
+            need = sum(sh.file_size for sh in self._shards.values())
+            free = shutil.disk_usage(self.dst_dir).free
+            if need > free:
+                raise DiskSpaceError(f"output needs {need:,} bytes but only {free:,} are free", file=str(self.dst_dir))
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    @property
+    def total_size(self) -> int:
+        """Sum of tensor data bytes (the index's ``total_size``)."""
+        return sum(s.nbytes for s in self.specs.values())
+
+    def _spec(self, name: str) -> TensorSpec:
+        try:
+            return self.specs[name]
+        except (KeyError, TypeError):
+            raise UsageError("not in this writer's specs", tensor=str(name)) from None
+
+    def _open_shard(self, sh: _Shard) -> int:
+        if sh.fd is None:
+            sh.tmp.unlink(missing_ok=True)  # a leftover from a crashed run is ours to replace
+            fd = os.open(sh.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                self._pwrite_all(fd, memoryview(sh.prefix), 0)
+            except BaseException:
+                os.close(fd)
+                sh.tmp.unlink(missing_ok=True)
+                raise
+            sh.fd = fd
+        return sh.fd
+
+    @staticmethod
+    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+
+    def _complete(self, name: str) -> bool:
+        r = self._ranges[name]
+        return len(r) == 1 and r[0][0] == 0 and r[0][1] == self.specs[name].nbytes
+
+    def _record(self, name: str, start: int, end: int) -> None:
+        """Merge [start, end) into the tensor's sorted, disjoint range list."""
+        r = self._ranges[name]
+        i = bisect.bisect_left(r, [start, start])
+        if i > 0 and r[i - 1][1] >= start:
+            i -= 1
+        j = i
+        while j < len(r) and r[j][0] <= end:
+            start = min(start, r[j][0])
+            end = max(end, r[j][1])
+            j += 1
+        r[i:j] = [[start, end]]
+
+    # -- writing -------------------------------------------------------------
+
+    def write(self, name: str, data: Any) -> None:
+        """Write a whole tensor (exactly its byte size)."""
+        spec = self._spec(name)
+        view = _as_bytes_view(data, tensor=name)
+        if view.nbytes != spec.nbytes:
+            raise ShapeError(f"{spec.dtype} {list(spec.shape)} needs {spec.nbytes:,} bytes, got {view.nbytes:,}",
+                             tensor=name)
+        self.write_chunk(name, 0, view)
+
+    def write_chunk(self, name: str, offset: int, data: Any) -> None:
+        """Write ``data`` at byte ``offset`` inside tensor ``name``."""
+        spec = self._spec(name)
+        view = _as_bytes_view(data, tensor=name)
+        if not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise UsageError(f"offset must be a non-negative int, got {offset!r}", tensor=name)
+        offset = int(offset)
+        end = offset + view.nbytes
+        if end > spec.nbytes:
+            raise ShapeError(f"write of {view.nbytes:,} bytes at {offset:,} passes the tensor's end "
+                             f"({spec.nbytes:,} bytes)", tensor=name)
+        sh = self._shards[self.shard_of[name]]
+        with self._lock:
+            self._check_open()
+            if self._complete(name) or (spec.nbytes == 0):
+                if view.nbytes == 0:
+                    return
+                raise UsageError("tensor already fully written", tensor=name)
+            if view.nbytes == 0:
+                return
+            fd = self._open_shard(sh)
+            sh.inflight += 1
+        try:
+            self._pwrite_all(fd, view, self._offset[name] + offset)
+        finally:
+            with self._lock:
+                sh.inflight -= 1
+        with self._lock:
+            if self._aborted:
+                return
+            self._record(name, offset, end)
+            if self._complete(name):
+                sh.pending.discard(name)
+            if not sh.pending and sh.inflight == 0 and not sh.done:
+                self._finalize(sh)
+
+    def _check_open(self) -> None:
+        if self._aborted:
+            raise UsageError("writer was aborted")
+        if self._closed:
+            raise UsageError("writer is closed")
+
+    def _finalize(self, sh: _Shard) -> None:
+        """Flush, fsync, chmod and rename one complete shard (lock held)."""
+        fd = self._open_shard(sh)  # shards of only empty tensors are opened here
+        try:
+            size = os.fstat(fd).st_size
+            assert size == sh.file_size, (sh.name, size, sh.file_size)
+            os.fsync(fd)
+            os.fchmod(fd, _FILE_MODE)
+        finally:
+            os.close(fd)
+            sh.fd = None
+        os.replace(sh.tmp, sh.final)
+        _fsync_dir(self.dst_dir)
+        sh.done = True
+        # Re-read what landed under the final name: the header must parse with
+        # our strict rules and describe exactly this file.
+        h = read_header(sh.final)
+        assert h.file_size == sh.file_size and set(h.tensors) == set(sh.tensors), sh.name
+
+    def missing(self) -> dict[str, int]:
+        """Tensors not yet complete, with the number of bytes still unwritten."""
+        with self._lock:
+            out = {}
+            for name, spec in self.specs.items():
+                have = sum(e - s for s, e in self._ranges[name])
+                if have != spec.nbytes:
+                    out[name] = spec.nbytes - have
+            return out
+
+    def close(self) -> list[Path]:
+        """Check every byte was written, finalize remaining shards, write the
+        index; returns the final paths (shards, then the index if written).
+        An incomplete writer is aborted and ``ShapeError`` names what is missing."""
+        if self._closed:
+            raise UsageError("writer is already closed")
+        self._check_open()
+        missing = self.missing()
+        if missing:
+            self.abort()
+            first = next(iter(missing))
+            raise ShapeError(f"{len(missing)} tensor(s) incomplete at close, e.g. {first!r} lacks "
+                             f"{missing[first]:,} bytes", file=str(self.dst_dir), tensor=first)
+        try:
+            with self._lock:
+                for sh in self._shards.values():
+                    if not sh.done:
+                        self._finalize(sh)
+            if self.write_index:
+                index = {"metadata": {"total_size": self.total_size}, "weight_map": dict(self.shard_of)}
+                _atomic_write_bytes(self.index_path,
+                                    (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        return [self._shards[n].final for n in self.shards] + ([self.index_path] if self.write_index else [])
+
+    def abort(self) -> None:
+        """Remove temporary files; final names are never touched."""
+        with self._lock:
+            self._aborted = True
+            for sh in self._shards.values():
+                if sh.fd is not None:
+                    os.close(sh.fd)
+                    sh.fd = None
+                if not sh.done:
+                    sh.tmp.unlink(missing_ok=True)
+            self.index_path.with_name(f".{self.index_path.name}.partial").unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        if not self._closed and not self._aborted:
+            self.close()
+
+
+def save_file(
+    path: str | os.PathLike,
+    tensors: dict[str, np.ndarray | tuple[str, tuple[int, ...], bytes]],
+    metadata: dict[str, str] | None = None,
+    *,
+    overwrite: bool = True,
+) -> Path:
+    """Write one safetensors file atomically, tensors in the given order.
+
+    Values are numpy arrays (dtype mapped by ``dtypes.from_numpy``; ml_dtypes
+    bfloat16/float8 included) or ``(dtype, shape, raw_bytes)`` for dtypes numpy
+    cannot hold (F4, F6, ...).  Like ``safetensors.numpy.save_file`` an existing
+    file is replaced unless ``overwrite=False``.
+    """
+    path = Path(path)
+    specs: list[TensorSpec] = []
+    payload: list[Any] = []
+    for name, value in tensors.items():
+        if isinstance(value, np.ndarray):
+            arr = value if value.flags.c_contiguous else value.copy(order="C")  # ascontiguousarray makes 0-d 1-d
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            specs.append(TensorSpec(name, dtypes.from_numpy(arr.dtype), tuple(arr.shape)))
+            payload.append(arr)
+        elif isinstance(value, tuple) and len(value) == 3:
+            dt, shape, raw = value
+            specs.append(TensorSpec(name, dt, tuple(shape)))
+            payload.append(raw)
+        else:
+            raise UsageError(f"tensor value must be an ndarray or (dtype, shape, bytes), got {type(value).__name__}",
+                             tensor=name)
+    template = path.name.replace("{", "{{").replace("}", "}}")
+    with ShardedWriter(path.parent, specs, max_shard_bytes=1 << 62, name_template=template,
+                       metadata=metadata, write_index=False, overwrite=overwrite) as w:
+        for spec, data in zip(specs, payload):
+            w.write(spec.name, data)
+    return path

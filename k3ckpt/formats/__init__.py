@@ -1,0 +1,25 @@
+"""On-disk weight formats behind one registry (see docs/formats/README.md).
+
+``get_format(id)`` returns a format object with ``decode`` / ``encode`` (numba
+kernels) and ``reference_decode`` / ``reference_encode`` (numpy), plus
+``part_specs(shape)`` describing the tensors it stores.  ``list_formats()`` is
+the format table.  Importing this package registers every built-in format;
+numba is imported only when a kernel first runs.
+"""
+
+from __future__ import annotations
+
+from .base import Format, FormatInfo, Part, PartSpec, format_table_markdown, get_format, list_formats
+from . import gguf_mxfp4, gptoss, mxfp4, plain  # noqa: E402,F401  (register the built-in formats)
+from .e2m1 import count_nan_scales
+
+__all__ = [
+    "Format",
+    "FormatInfo",
+    "Part",
+    "PartSpec",
+    "count_nan_scales",
+    "format_table_markdown",
+    "get_format",
+    "list_formats",
+]

@@ -1,0 +1,424 @@
+"""The format table and registry, and the base class that does the shape work.
+
+Every on-disk weight format is one ``Format`` subclass with a ``FormatInfo``
+row: its id (the string users see, e.g. ``mxfp4-pack-quantized``), block size,
+bytes per block written as a sum of named fields (``1 + 16`` for MXFP4), and
+the tensors it stores.  Defining the subclass registers it; the rows of all
+registered formats are *the* table (``list_formats``, ``format_table_markdown``).
+
+The base class turns any ``[..., K]`` tensor into ``[rows, K]`` (and each
+stored part into ``[rows, bytes-per-row]``), checks shapes and dtypes against
+the format's part list, and checks what the block-level hooks return.  A
+format implements only ``_decode_rows`` and (if it can encode) ``_encode_rows``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+import numpy as np
+
+from ..errors import NotFoundError, ShapeError, UnsupportedError, UsageError
+from ..io.dtypes import lookup as lookup_dtype
+from ..io.dtypes import value_dtype
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor a format stores, described per block of logical elements.
+
+    ``per_block`` is the trailing shape one block adds: ``(a, *rest)`` means a
+    row of ``n`` blocks is stored as ``[n * a, *rest]``.  Examples: MXFP4 codes
+    ``(16,)`` -> ``[..., K/2]``; gpt-oss blocks ``(1, 16)`` -> ``[..., K/32, 16]``;
+    E8M0 scales ``(1,)`` -> ``[..., K/32]``.
+    """
+
+    role: str                    # key in the parts dict: "packed", "scale", "blocks", ...
+    suffix: str                  # added to the tensor's base name on disk (".weight_packed", "_blocks", "")
+    dtype: str                   # safetensors dtype string of the stored tensor ("U8", "BF16")
+    per_block: tuple[int, ...]   # trailing shape per block, see above
+
+    def __post_init__(self) -> None:
+        assert self.per_block and all(int(d) > 0 for d in self.per_block), self
+        lookup_dtype(self.dtype).itemsize  # noqa: B018  (refuses sub-byte dtypes)
+
+    @property
+    def storage(self) -> np.dtype:
+        """The numpy dtype of the raw stored elements (uint16 for BF16, uint8 for F8)."""
+        return np.dtype(lookup_dtype(self.dtype).storage)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return math.prod(self.per_block) * lookup_dtype(self.dtype).itemsize
+
+    def trailing(self, nblocks: int) -> tuple[int, ...]:
+        return (nblocks * self.per_block[0], *self.per_block[1:])
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """A concrete stored tensor for one logical shape (what writers create)."""
+
+    role: str
+    suffix: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * lookup_dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """One row of the format table."""
+
+    id: str                               # on-disk / CLI string
+    title: str                            # one line for tables
+    block: int                            # logical elements per block (along the last axis)
+    fields: tuple[tuple[str, int], ...]   # (field, bytes) per block; bytes_per_block is their sum
+    parts: tuple[Part, ...]               # stored tensors; parts[0] fixes the logical shape
+    can_encode: bool
+    can_decode: bool
+    bf16_exact: bool                      # decode(out=bfloat16) loses nothing
+    spec: str                             # docs page (and anchor) a decoder can be written from
+
+    def __post_init__(self) -> None:
+        assert self.id and self.id == self.id.strip().lower(), self.id
+        assert self.block >= 1 and self.fields and self.parts, self
+        assert len({p.role for p in self.parts}) == len(self.parts), self
+        # The stored parts must hold exactly the bytes the fields add up to.
+        assert sum(p.bytes_per_block for p in self.parts) == self.bytes_per_block, self
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(n for _, n in self.fields)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.bytes_per_block / self.block
+
+    @property
+    def fields_text(self) -> str:
+        """The bytes per block as a sum, e.g. ``"1 + 16"``."""
+        return " + ".join(str(n) for _, n in self.fields)
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "block": self.block,
+            "fields": [[name, n] for name, n in self.fields],
+            "bytes_per_block": self.bytes_per_block,
+            "bits_per_weight": self.bits_per_weight,
+            "parts": [
+                {"role": p.role, "suffix": p.suffix, "dtype": p.dtype, "per_block": list(p.per_block)}
+                for p in self.parts
+            ],
+            "can_encode": self.can_encode,
+            "can_decode": self.can_decode,
+            "bf16_exact": self.bf16_exact,
+            "spec": self.spec,
+        }
+
+
+_REGISTRY: dict[str, "Format"] = {}
+
+
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def output_dtype(out) -> np.dtype:
+    """Normalise a decode output choice: float32 or bfloat16 (strings allowed)."""
+    aliases = {"float32": np.float32, "f32": np.float32, "bfloat16": None, "bf16": None}
+    if isinstance(out, str):
+        if out not in aliases:
+            raise UsageError(f"decode output must be float32 or bfloat16, got {out!r}")
+        return np.dtype(np.float32) if aliases[out] is not None else _bfloat16()
+    try:
+        dt = np.dtype(out)
+    except TypeError:
+        raise UsageError(f"decode output must be float32 or bfloat16, got {out!r}") from None
+    if dt == np.float32 or dt == _bfloat16():
+        return dt
+    raise UsageError(f"decode output must be float32 or bfloat16, got {dt}")
+
+
+def as_float32_input(x, *, name: str | None = None) -> np.ndarray:
+    """A C-contiguous float32 view/copy of encoder input.
+
+    float16 and bfloat16 widen exactly; float64 is rounded to float32 first
+    (RNE), so encoders are defined on float32 values.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        if not (x.dtype.kind == "f" or x.dtype == _bfloat16()):
+            raise ShapeError(f"encoder input must be floating point, found dtype {x.dtype}", tensor=name)
+        x = x.astype(np.float32)
+    return np.ascontiguousarray(x)
+
+
+class Format:
+    """Base of all formats.  Subclasses set ``info`` and implement the row hooks.
+
+    A subclass without its own ``info`` is a family base (shared code) and is
+    not registered.  Formats are stateless: the registry holds one instance each.
+    """
+
+    info: ClassVar[FormatInfo]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        info = cls.__dict__.get("info")
+        if info is None:
+            return
+        assert info.id not in _REGISTRY, f"format id {info.id!r} registered twice"
+        _REGISTRY[info.id] = cls()
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<format {self.info.id}>"
+
+    # ----------------------------------------------------------------- description
+    def check_logical_shape(self, shape, *, name: str | None = None) -> tuple[int, ...]:
+        """Validate a logical ``[..., K]`` shape (K a multiple of the block)."""
+        shape = tuple(int(d) for d in shape)
+        if not shape:
+            raise ShapeError(f"{self.id} needs at least one dimension, found a scalar", tensor=name)
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"negative dimension in shape {list(shape)}", tensor=name)
+        if shape[-1] % self.info.block:
+            raise ShapeError(
+                f"{self.id} stores blocks of {self.info.block} along the last axis; "
+                f"shape {list(shape)} has K = {shape[-1]}, not a multiple of {self.info.block}",
+                tensor=name,
+            )
+        return shape
+
+    def part_specs(self, shape, *, name: str | None = None) -> dict[str, PartSpec]:
+        """The tensors this format stores for logical shape ``[..., K]``, by role."""
+        shape = self.check_logical_shape(shape, name=name)
+        lead, nblocks = shape[:-1], shape[-1] // self.info.block
+        return {
+            p.role: PartSpec(p.role, p.suffix, p.dtype, lead + p.trailing(nblocks)) for p in self.info.parts
+        }
+
+    def tensor_names(self, base: str) -> dict[str, str]:
+        """On-disk tensor names of the parts of weight ``base``, by role
+        (``"...w1"`` -> ``{"packed": "...w1.weight_packed", "scale": "...w1.weight_scale"}``)."""
+        return {p.role: base + p.suffix for p in self.info.parts}
+
+    def match_name(self, tensor_name: str) -> tuple[str, str] | None:
+        """``(base, role)`` if ``tensor_name`` is one of this format's parts by its
+        suffix, else None.  A part with an empty suffix matches any name."""
+        for p in self.info.parts:
+            if p.suffix and tensor_name.endswith(p.suffix) and len(tensor_name) > len(p.suffix):
+                return tensor_name[: -len(p.suffix)], p.role
+        for p in self.info.parts:
+            if not p.suffix:
+                return tensor_name, p.role
+        return None
+
+    def logical_shape(self, parts: Mapping[str, np.ndarray], *, name: str | None = None) -> tuple[int, ...]:
+        """The logical ``[..., K]`` shape that ``parts`` encode; refuses inconsistent parts."""
+        roles = [p.role for p in self.info.parts]
+        if not isinstance(parts, Mapping):
+            raise UsageError(f"{self.id} parts must be a dict keyed by {roles}, got {type(parts).__name__}")
+        missing = [r for r in roles if r not in parts]
+        extra = sorted(set(parts) - set(roles))
+        if missing or extra:
+            raise UsageError(
+                f"{self.id} stores parts {roles}; missing {missing}, unexpected {extra}", tensor=name
+            )
+        first = self.info.parts[0]
+        shape = tuple(np.shape(parts[first.role]))
+        ntrail = len(first.per_block)
+        found = shape[-ntrail:] if len(shape) >= ntrail else shape
+        if (
+            len(shape) < ntrail
+            or found[1:] != first.per_block[1:]
+            or found[0] % first.per_block[0]
+        ):
+            want = ", ".join([f"n*{first.per_block[0]}", *map(str, first.per_block[1:])])
+            raise ShapeError(
+                f"{self.id} part {first.role!r} must end in [{want}], found shape {list(shape)}", tensor=name
+            )
+        logical = shape[:-ntrail] + (found[0] // first.per_block[0] * self.info.block,)
+        specs = self.part_specs(logical, name=name)
+        for role, spec in specs.items():
+            arr = parts[role]
+            got = tuple(np.shape(arr))
+            if got != spec.shape:
+                raise ShapeError(
+                    f"{self.id} part {role!r}: expected shape {list(spec.shape)} for logical shape "
+                    f"{list(logical)}, found {list(got)}",
+                    tensor=name,
+                )
+            self._storage(arr, self._part(role), name)
+        return logical
+
+    # ------------------------------------------------------------------- decode
+    def decode(self, parts: Mapping[str, np.ndarray], *, out=np.float32, name: str | None = None) -> np.ndarray:
+        """Logical values of ``parts`` as float32 (or bfloat16) ``[..., K]`` (fast kernel)."""
+        return self._decode(parts, out, name, reference=False)
+
+    def reference_decode(
+        self, parts: Mapping[str, np.ndarray], *, out=np.float32, name: str | None = None
+    ) -> np.ndarray:
+        """Same contract as ``decode``, computed by the readable numpy reference."""
+        return self._decode(parts, out, name, reference=True)
+
+    def _decode(self, parts, out, name, *, reference: bool) -> np.ndarray:
+        if not self.info.can_decode:
+            raise UnsupportedError(f"format {self.id} cannot be decoded", tensor=name)
+        out_dt = output_dtype(out)
+        shape = self.logical_shape(parts, name=name)
+        rows = self._rows(parts, shape, name)
+        k = shape[-1]
+        res = self._decode_rows(rows, k, reference=reference, bf16=out_dt != np.float32)
+        nrows = math.prod(shape[:-1])
+        assert res.shape == (nrows, k), (self.id, res.shape, nrows, k)
+        if res.dtype != out_dt:
+            assert res.dtype == np.float32, res.dtype
+            with np.errstate(invalid="ignore"):  # NaN stays NaN; numpy warns needlessly
+                res = res.astype(out_dt)  # float32 -> bfloat16 rounds to nearest even (ml_dtypes)
+        return res.reshape(shape)
+
+    def _decode_rows(self, rows: dict[str, np.ndarray], k: int, *, reference: bool, bf16: bool) -> np.ndarray:
+        """Hook: parts as C-contiguous ``[rows, bytes-per-row]`` arrays -> ``[rows, k]``.
+
+        Return float32, or bfloat16 when ``bf16`` is asked for and the format
+        can produce it directly; the base converts float32 otherwise.
+        """
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------- encode
+    def encode(self, x: np.ndarray, *, name: str | None = None) -> dict[str, np.ndarray]:
+        """Store ``x`` (``[..., K]``, floating point) in this format; parts keyed by role."""
+        return self._encode(x, name, reference=False)
+
+    def reference_encode(self, x: np.ndarray, *, name: str | None = None) -> dict[str, np.ndarray]:
+        """Same contract as ``encode``, computed by the readable numpy reference."""
+        return self._encode(x, name, reference=True)
+
+    def _encode(self, x, name, *, reference: bool) -> dict[str, np.ndarray]:
+        if not self.info.can_encode:
+            raise UnsupportedError(f"format {self.id} is decode-only", tensor=name)
+        x = as_float32_input(x, name=name)
+        shape = self.check_logical_shape(x.shape, name=name)
+        rows = x.reshape(math.prod(shape[:-1]), shape[-1])
+        got = self._encode_rows(rows, reference=reference, name=name, shape=shape)
+        return self._shape_parts(got, shape)
+
+    def _encode_rows(
+        self, x: np.ndarray, *, reference: bool, name: str | None, shape: tuple[int, ...]
+    ) -> dict[str, np.ndarray]:
+        """Hook: float32 ``[rows, K]`` -> parts as ``[rows, bytes-per-row]`` storage arrays.
+
+        ``shape`` is the logical shape (for error messages in logical coordinates).
+        """
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    def _part(self, role: str) -> Part:
+        for p in self.info.parts:
+            if p.role == role:
+                return p
+        raise KeyError(role)
+
+    def _storage(self, arr, part: Part, name: str | None) -> np.ndarray:
+        """``arr`` viewed as the part's raw storage dtype (value dtypes such as
+        bfloat16 are accepted and viewed, never converted)."""
+        arr = np.asarray(arr)
+        want = part.storage
+        if arr.dtype == want:
+            return arr
+        value = lookup_dtype(part.dtype).value
+        if value is not None and arr.dtype == value_dtype(part.dtype) and arr.dtype.itemsize == want.itemsize:
+            return arr.view(want)
+        raise ShapeError(
+            f"{self.id} part {part.role!r} must be {part.dtype} ({want}), found dtype {arr.dtype}", tensor=name
+        )
+
+    def _rows(self, parts, shape: tuple[int, ...], name) -> dict[str, np.ndarray]:
+        nrows = math.prod(shape[:-1])
+        nblocks = shape[-1] // self.info.block
+        rows = {}
+        for p in self.info.parts:
+            arr = np.ascontiguousarray(self._storage(parts[p.role], p, name))
+            rows[p.role] = arr.reshape(nrows, math.prod(p.trailing(nblocks)))
+        return rows
+
+    def _shape_parts(self, got: dict[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        specs = self.part_specs(shape)
+        assert set(got) == set(specs), (self.id, sorted(got))
+        out = {}
+        for role, spec in specs.items():
+            arr = got[role]
+            assert arr.dtype == self._part(role).storage, (self.id, role, arr.dtype)
+            out[role] = arr.reshape(spec.shape)
+        return out
+
+
+def _load_builtin() -> None:
+    # Importing the package imports every built-in format module (they register
+    # on import); numba stays unimported until a kernel first runs.
+    importlib.import_module(__package__)
+
+
+def get_format(format_id: str) -> Format:
+    """The registered format with this id; unknown ids list what exists."""
+    _load_builtin()
+    try:
+        return _REGISTRY[format_id]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(_REGISTRY))
+        raise NotFoundError(f"unknown format {format_id!r} (known formats: {known})") from None
+
+
+def list_formats() -> tuple[FormatInfo, ...]:
+    """The format table: every registered format's row, sorted by id."""
+    _load_builtin()
+    return tuple(_REGISTRY[k].info for k in sorted(_REGISTRY))
+
+
+def format_table_markdown() -> str:
+    """The format table as markdown (docs/formats/README.md embeds this text)."""
+    lines = [
+        "| id | block | bytes per block | bits/weight | encode | stored tensors | spec |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for info in list_formats():
+        stored = "; ".join(
+            f"`{p.role}` {p.dtype} [..., {_trailing_text(p, info.block)}]" for p in info.parts
+        )
+        lines.append(
+            f"| `{info.id}` | {info.block} | {_bytes_text(info)} "
+            f"| {info.bits_per_weight:g} | {'yes' if info.can_encode else 'no'} | {stored} "
+            f"| [{info.spec.split('/')[-1]}]({info.spec.split('/')[-1]}) |"
+        )
+    return "\n".join(lines)
+
+
+def _bytes_text(info: FormatInfo) -> str:
+    if len(info.fields) == 1:
+        return str(info.bytes_per_block)
+    return f"{info.fields_text} = {info.bytes_per_block}"
+
+
+def _trailing_text(p: Part, block: int) -> str:
+    a = p.per_block[0]
+    k = "K" if block == 1 else f"K/{block}"
+    first = k if a == 1 else (f"K*{a}" if block == 1 else f"K/{block}*{a}")
+    if block > 1 and a > 1 and block % a == 0:
+        first = f"K/{block // a}"
+    return ", ".join([first, *map(str, p.per_block[1:])])

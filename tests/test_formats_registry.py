@@ -1,0 +1,218 @@
+"""The format table and registry, parametrised over every registered format."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from k3ckpt.errors import NotFoundError, ShapeError, UnsupportedError, UsageError
+from k3ckpt.formats import Format, FormatInfo, Part, format_table_markdown, get_format, list_formats
+from k3ckpt.io.dtypes import lookup
+
+ROOT = Path(__file__).resolve().parents[1]
+IDS = [info.id for info in list_formats()]
+ENCODABLE = [info.id for info in list_formats() if info.can_encode]
+
+
+def random_parts(fmt: Format, shape, rng) -> dict[str, np.ndarray]:
+    """Random stored bytes for every part (any bytes are a valid encoding)."""
+    parts = {}
+    for role, spec in fmt.part_specs(shape).items():
+        storage = np.dtype(lookup(spec.dtype).storage)
+        raw = rng.integers(0, 256, spec.nbytes, dtype=np.uint8)
+        parts[role] = raw.view(storage).reshape(spec.shape)
+    return parts
+
+
+def test_builtin_ids():
+    assert {"mxfp4-pack-quantized", "gpt-oss-mxfp4", "gguf-mxfp4", "bf16", "f16", "f32", "fp8-e4m3"} <= set(IDS)
+    assert IDS == sorted(IDS)
+
+
+def test_unknown_format_lists_known():
+    with pytest.raises(NotFoundError) as err:
+        get_format("mxfp4")
+    for fid in IDS:
+        assert fid in str(err.value)
+
+
+@pytest.mark.parametrize("fid", IDS)
+def test_table_row_is_consistent(fid):
+    info = get_format(fid).info
+    assert isinstance(info, FormatInfo) and info.id == fid
+    assert info.bytes_per_block == sum(n for _, n in info.fields)
+    assert info.bits_per_weight == 8 * info.bytes_per_block / info.block
+    assert sum(p.bytes_per_block for p in info.parts) == info.bytes_per_block
+    if info.block == 32:
+        assert info.fields_text == "1 + 16" and info.bits_per_weight == 4.25
+    page, _, anchor = info.spec.partition("#")
+    text = (ROOT / page).read_text()
+    slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    assert anchor in slugs, (info.spec, sorted(slugs))
+    assert info.to_dict()["bytes_per_block"] == info.bytes_per_block
+
+
+def _slug(heading: str) -> str:
+    # GitHub's anchor rule: lower case, drop punctuation except - and _, spaces to -
+    s = heading.strip().lower()
+    s = re.sub(r"[^\w\- ]", "", s)
+    return s.replace(" ", "-")
+
+
+def test_readme_embeds_the_table():
+    readme = (ROOT / "docs" / "formats" / "README.md").read_text()
+    assert format_table_markdown() in readme
+
+
+@pytest.mark.parametrize("fid", IDS)
+def test_part_specs_and_logical_shape(fid):
+    fmt = get_format(fid)
+    shape = (3, 2, 4 * fmt.info.block)
+    specs = fmt.part_specs(shape)
+    assert [s.role for s in specs.values()] == [p.role for p in fmt.info.parts]
+    total = sum(s.nbytes for s in specs.values())
+    assert total == math.prod(shape) // fmt.info.block * fmt.info.bytes_per_block
+    parts = random_parts(fmt, shape, np.random.default_rng(0))
+    assert fmt.logical_shape(parts) == shape
+
+
+@pytest.mark.parametrize("fid", IDS)
+def test_tensor_names_round_trip(fid):
+    fmt = get_format(fid)
+    base = "language_model.model.layers.1.block_sparse_moe.experts.7.w1"
+    names = fmt.tensor_names(base)
+    assert list(names) == [p.role for p in fmt.info.parts]
+    for role, name in names.items():
+        assert fmt.match_name(name) == (base, role)
+
+
+def test_tensor_names_of_real_layouts():
+    k3 = get_format("mxfp4-pack-quantized")
+    assert k3.tensor_names("m.experts.0.w2") == {
+        "packed": "m.experts.0.w2.weight_packed",
+        "scale": "m.experts.0.w2.weight_scale",
+    }
+    assert k3.match_name("m.experts.0.w2.weight") is None
+    oss = get_format("gpt-oss-mxfp4")
+    assert oss.match_name("model.layers.3.mlp.experts.gate_up_proj_scales") == (
+        "model.layers.3.mlp.experts.gate_up_proj",
+        "scales",
+    )
+    assert oss.match_name("model.layers.3.mlp.experts.gate_up_proj_bias") is None
+
+
+@pytest.mark.parametrize("fid", IDS)
+def test_decode_random_bytes_kernel_equals_reference(fid):
+    fmt = get_format(fid)
+    rng = np.random.default_rng(abs(len(fid) * 7919))
+    shape = (5, 3, 8 * fmt.info.block)
+    parts = random_parts(fmt, shape, rng)
+    for out in (np.float32, "bfloat16"):
+        a = fmt.decode(parts, out=out)
+        b = fmt.reference_decode(parts, out=out)
+        assert a.shape == b.shape == shape and a.dtype == b.dtype
+        nan = np.isnan(b.astype(np.float32))
+        assert (np.isnan(a.astype(np.float32)) == nan).all()
+        w = np.dtype(f"u{a.dtype.itemsize}")
+        assert np.array_equal(a.view(w)[~nan], b.view(w)[~nan])
+
+
+@pytest.mark.parametrize("fid", ENCODABLE)
+@pytest.mark.parametrize("kind", ["gaussian", "zeros", "heavy"])
+def test_encode_kernel_equals_reference(fid, kind):
+    fmt = get_format(fid)
+    rng = np.random.default_rng(3)
+    shape = (4, 2, 6 * fmt.info.block)
+    if kind == "zeros":
+        x = np.zeros(shape, np.float32)
+    elif kind == "gaussian":
+        x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    else:
+        x = (rng.standard_t(2, shape) * 10.0 ** rng.uniform(-30, 3, shape[:-1] + (1,))).astype(np.float32)
+    a = fmt.encode(x, name="t")
+    b = fmt.reference_encode(x, name="t")
+    specs = fmt.part_specs(shape)
+    assert set(a) == set(b) == set(specs)
+    for role, spec in specs.items():
+        assert a[role].shape == spec.shape and a[role].dtype == np.dtype(lookup(spec.dtype).storage)
+        assert np.array_equal(a[role].view(np.uint8), b[role].view(np.uint8)), role
+    # decode(encode(x)) is a fixed point of encode
+    again = fmt.encode(fmt.decode(a))
+    assert all(np.array_equal(again[r].view(np.uint8), a[r].view(np.uint8)) for r in a)
+
+
+@pytest.mark.parametrize("fid", IDS)
+def test_contract_errors(fid):
+    fmt = get_format(fid)
+    shape = (2, 4 * fmt.info.block)
+    parts = random_parts(fmt, shape, np.random.default_rng(1))
+    with pytest.raises(UsageError):
+        fmt.decode({}, name="w")
+    with pytest.raises(UsageError):
+        fmt.decode({**parts, "extra": parts[fmt.info.parts[0].role]})
+    with pytest.raises(UsageError):
+        fmt.decode(parts, out=np.float64)
+    first = fmt.info.parts[0].role
+    bad_dtype = {**parts, first: np.zeros(parts[first].shape, np.int64)}
+    with pytest.raises(ShapeError, match="layer.0.w1"):
+        fmt.decode(bad_dtype, name="layer.0.w1")
+    if len(parts) > 1:
+        # a second part that disagrees with the first
+        role, arr = list(parts.items())[1]
+        with pytest.raises(ShapeError, match=role):
+            fmt.decode({**parts, role: arr[:1]})
+    with pytest.raises(ShapeError):
+        fmt.part_specs(())
+    if fmt.info.block > 1:
+        with pytest.raises(ShapeError, match="multiple of"):
+            fmt.part_specs((2, fmt.info.block + 1), name="w")
+        if fmt.info.can_encode:
+            with pytest.raises(ShapeError):
+                fmt.encode(np.zeros((2, fmt.info.block + 2), np.float32))
+    if not fmt.info.can_encode:
+        with pytest.raises(UnsupportedError):
+            fmt.encode(np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize("fid", [i for i in ENCODABLE if get_format(i).info.block > 1])
+def test_block_formats_refuse_non_finite(fid):
+    fmt = get_format(fid)
+    x = np.ones((2, 64), np.float32)
+    x[1, 5] = np.nan
+    for enc in (fmt.encode, fmt.reference_encode):
+        with pytest.raises(UsageError, match=r"\[1, 5\]"):
+            enc(x, name="w")
+
+
+def test_new_format_is_one_subclass():
+    # a throwaway format registers by being defined; removed again afterwards
+    from k3ckpt.formats import base
+
+    class Demo(Format):
+        info = FormatInfo(
+            id="demo-test-only",
+            title="demo",
+            block=4,
+            fields=(("scale", 2), ("codes", 2)),
+            parts=(Part("codes", ".c", "U8", (2,)), Part("scale", ".s", "U16", (1,))),
+            can_encode=False,
+            can_decode=True,
+            bf16_exact=False,
+            spec="docs/formats/README.md",
+        )
+
+        def _decode_rows(self, rows, k, *, reference, bf16):
+            return np.repeat(rows["scale"].astype(np.float32), 4, axis=1)
+
+    try:
+        fmt = get_format("demo-test-only")
+        assert isinstance(fmt, Demo)
+        assert fmt.part_specs((3, 8))["codes"].shape == (3, 4)
+        out = fmt.decode({"codes": np.zeros((3, 4), np.uint8), "scale": np.ones((3, 2), np.uint16)})
+        assert out.shape == (3, 8) and (out == 1).all()
+    finally:
+        del base._REGISTRY["demo-test-only"]

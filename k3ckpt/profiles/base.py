@@ -1,0 +1,242 @@
+"""The Profile base class: a registry of model families and a fast classifier.
+
+Classification works on a name *template*: every dotted component that is a
+bare integer becomes ``#`` (``layers.12.block_sparse_moe.experts.5.w1.weight_packed``
+-> ``layers.#.block_sparse_moe.experts.#.w1.weight_packed``; ``w1`` keeps its
+digit).  A K3 checkpoint has ~120 templates for 497,220 names, so the ordered
+regex rules run once per (template, dtype) and the result is cached; each call
+then costs one regex pass to pull out the indices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from ..errors import NotFoundError
+from .geometry import ModelGeometry
+from .roles import Role, TensorRole, split_part, storage_of
+
+# an integer that is a whole dotted component (the dot before it is consumed, so
+# split() keeps it out of the text pieces and ".#".join() restores it)
+_INDEX = re.compile(r"\.(\d+)(?![^.])")
+
+# FFN projection names -> the projection they are.
+PROJECTIONS: dict[str, str] = {
+    "w1": "gate", "w3": "up", "w2": "down",                       # Mixtral / Kimi naming
+    "gate_proj": "gate", "up_proj": "up", "down_proj": "down", "gate_up_proj": "gate_up",
+    "gate": "gate", "up": "up", "down": "down", "gate_up": "gate_up",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern`` is searched in the template; the first rule that matches wins.
+    ``role`` None means attention, placed by the layer's kind.  A named group
+    ``proj`` gives the projection through ``PROJECTIONS``."""
+
+    pattern: re.Pattern[str]
+    role: Role | None
+    projection: str | None = None
+
+
+def rule(pattern: str, role: Role | None, projection: str | None = None) -> Rule:
+    return Rule(re.compile(pattern), role, projection)
+
+
+# Attention tensors whose names say which kind they are, whatever the config says.
+_MLA_NAMES = re.compile(r"\.(?:q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|q_a_layernorm|kv_a_layernorm)\.")
+_KDA_NAMES = re.compile(r"\.(?:f_a_proj|f_b_proj|b_proj|[qkv]_conv1d|o_norm)\.|\.(?:A_log|dt_bias)$")
+_ATTN_ROLE = {"mla": Role.ATTN_MLA, "kda": Role.ATTN_KDA}
+
+# Generic Hugging Face naming, used by every profile after its own rules.
+GENERIC_RULES: tuple[Rule, ...] = (
+    rule(r"^(?:model\.)?(?:vision_tower|vision_model|visual|vision_encoder|mm_projector|multi_modal_projector)\.",
+         Role.VISION),
+    rule(r"\.experts\.#\.(?P<proj>w[123]|gate_proj|up_proj|down_proj|gate_up_proj)\.", Role.ROUTED_EXPERT),
+    # fused all-expert tensors: gpt-oss *_blocks/_scales/_bias, transformers' stacked experts
+    rule(r"\.experts\.(?P<proj>gate_up_proj|gate_proj|up_proj|down_proj)(?:_blocks|_scales|_bias|\.weight|\.bias)?$",
+         Role.ROUTED_EXPERT),
+    rule(r"\.shared_experts?\.(?P<proj>w[123]|gate_proj|up_proj|down_proj|gate_up_proj)\.", Role.SHARED_EXPERT),
+    rule(r"\.shared_expert_gate\.", Role.SHARED_EXPERT),
+    rule(r"\.(?:mlp|block_sparse_moe|moe|feed_forward)\.(?:gate|router)\.", Role.ROUTER),
+    rule(r"\.(?:mlp|feed_forward)\.(?P<proj>w[123]|gate_proj|up_proj|down_proj|gate_up_proj)\.", Role.DENSE_MLP),
+    rule(r"\.(?:mlp|feed_forward)\.(?:fc1|fc2|c_fc|c_proj)\.", Role.DENSE_MLP),
+    rule(r"\.(?:self_attn|self_attention|attention|attn|linear_attn)\.", None),
+    rule(r"(?:^|\.)(?:embed_tokens|wte|word_embeddings|tok_embeddings)\.", Role.EMBEDDING),
+    rule(r"(?:^|\.)lm_head\.", Role.LM_HEAD),
+    rule(r"(?:^|\.)(?:[A-Za-z_]*norm[A-Za-z_]*|ln_f|ln_#)\.(?:weight|bias)$", Role.NORM),
+)
+
+
+def _role_maker():
+    """``TensorRole(...)`` without the frozen-dataclass ``__init__`` overhead: the
+    slot setters directly (half the cost; this runs once per tensor name)."""
+    new = object.__new__
+    setters = [getattr(TensorRole, f).__set__ for f in
+               ("role", "layer", "expert", "projection", "weight", "part", "storage")]
+    s_role, s_layer, s_expert, s_proj, s_weight, s_part, s_storage = setters
+
+    def make(role, layer, expert, projection, weight, part, storage):
+        r = new(TensorRole)
+        s_role(r, role)
+        s_layer(r, layer)
+        s_expert(r, expert)
+        s_proj(r, projection)
+        s_weight(r, weight)
+        s_part(r, part)
+        s_storage(r, storage)
+        return r
+
+    return make
+
+
+_make_role = _role_maker()
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """Everything about a (template, dtype) that does not depend on the indices."""
+
+    role: Role | None
+    fallback: Role          # attention role when the layer's kind is unknown
+    projection: str | None
+    layer_at: int           # index of the layer number in the split pieces, 0 if none
+    expert_at: int
+    part: str
+    cut: int
+    storage: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model family: how its tensor names map to roles, and its geometry.
+
+    Subclasses set ``id``, ``display_name``, ``rules`` (tried before the
+    generic ones), ``default_quant`` and ``geometry_from``; they register
+    themselves by ``id``.  ``quant`` is the config's quantization hint (or the
+    family default), used only where suffix and dtype leave the storage open.
+    """
+
+    geometry: ModelGeometry | None = None
+    quant: str | None = None
+    _cache: dict[tuple[tuple[str, ...], str], _Entry] = field(default_factory=dict, init=False, repr=False,
+                                                  compare=False, hash=False)
+
+    id: ClassVar[str] = "generic"
+    display_name: ClassVar[str] = "Generic (name patterns)"
+    rules: ClassVar[tuple[Rule, ...]] = ()
+    default_quant: ClassVar[str | None] = None
+    registry: ClassVar[dict[str, type[Profile]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        assert cls.id not in Profile.registry or Profile.registry[cls.id] is cls, cls.id
+        Profile.registry[cls.id] = cls
+
+    # -- construction ----------------------------------------------------------
+
+    @classmethod
+    def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
+        from ..errors import InvalidFileError
+        from .geometry import generic_geometry
+
+        try:
+            return generic_geometry(config)
+        except InvalidFileError:  # an unknown model's config may lack the keys; names still classify
+            return None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> Profile:
+        from .geometry import quant_hint
+
+        if not config:
+            return cls(geometry=None, quant=cls.default_quant)
+        return cls(geometry=cls.geometry_from(config), quant=quant_hint(config) or cls.default_quant)
+
+    # -- classification --------------------------------------------------------
+
+    def classify(self, name: str, dtype: str) -> TensorRole:
+        """The role, indices, part and storage of one tensor from its name and header dtype."""
+        # One regex pass splits text from indices: [text, idx, text, idx, text].
+        pieces = _INDEX.split(name)
+        key = (tuple(pieces[0::2]), dtype)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._entry(".#".join(key[0]), dtype)
+        layer = int(pieces[entry.layer_at]) if entry.layer_at else None
+        expert = int(pieces[entry.expert_at]) if entry.expert_at else None
+        role = entry.role
+        if role is None:
+            kind = self.geometry.attention.get(layer) if (self.geometry and layer is not None) else None
+            role = _ATTN_ROLE.get(kind, Role.ATTN_OTHER) if kind else entry.fallback
+        return _make_role(role, layer, expert, entry.projection,
+                          name[: len(name) - entry.cut] if entry.cut else name, entry.part, entry.storage)
+
+    def classify_all(self, tensors: Mapping[str, Any]) -> dict[str, TensorRole]:
+        """``classify`` over a mapping of name -> dtype string or header entry (with ``.dtype``)."""
+        return {n: self.classify(n, _dtype_of(v)) for n, v in tensors.items()}
+
+    def _entry(self, template: str, dtype: str) -> _Entry:
+        comps = template.split(".")
+        holes = [i for i, c in enumerate(comps) if c == "#"]
+        layer_pos = expert_pos = -1
+        for k, i in enumerate(holes):
+            if i > 0 and comps[i - 1] in ("layers", "h", "blocks") and layer_pos < 0 and not _is_vision(template):
+                layer_pos = k
+            elif i > 0 and comps[i - 1] == "experts" and expert_pos < 0:
+                expert_pos = k
+        part, cut = split_part(comps[-1])
+        role: Role | None = Role.OTHER
+        projection = None
+        for r in (*self.rules, *GENERIC_RULES):
+            m = r.pattern.search(template)
+            if m:
+                role = r.role
+                proj = m.groupdict().get("proj")
+                projection = r.projection or (PROJECTIONS.get(proj) if proj else None)
+                break
+        fallback = Role.ATTN_OTHER
+        if role is None:
+            if _MLA_NAMES.search(template):
+                role = fallback = Role.ATTN_MLA
+            elif _KDA_NAMES.search(template):
+                role = fallback = Role.ATTN_KDA
+        if role is not None and role not in (Role.ROUTED_EXPERT,):
+            expert_pos = -1  # only routed experts carry an expert index
+        # k-th integer of the name sits at pieces[2k + 1] of _INDEX.split()
+        return _Entry(role, fallback, projection, 2 * layer_pos + 1 if layer_pos >= 0 else 0,
+                      2 * expert_pos + 1 if expert_pos >= 0 else 0, part, cut, storage_of(part, dtype, self.quant))
+
+
+def _is_vision(template: str) -> bool:
+    return GENERIC_RULES[0].pattern.search(template) is not None
+
+
+def _dtype_of(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    dt = getattr(v, "dtype", None)
+    if isinstance(dt, str):
+        return dt
+    if isinstance(v, (tuple, list)) and v and isinstance(v[0], str):
+        return v[0]
+    raise TypeError(f"expected a dtype string or an entry with .dtype, got {type(v).__name__}")
+
+
+class GenericProfile(Profile):
+    """Unknown models: generic Hugging Face name patterns; anything else is OTHER."""
+
+    id: ClassVar[str] = "generic"
+    display_name: ClassVar[str] = "Generic (name patterns)"
+
+
+def get_profile(profile_id: str, config: Mapping[str, Any] | None = None) -> Profile:
+    """A registered profile by id, built from ``config`` when given."""
+    try:
+        cls = Profile.registry[profile_id]
+    except KeyError:
+        known = ", ".join(sorted(Profile.registry))
+        raise NotFoundError(f"no model profile {profile_id!r} (known: {known})") from None
+    return cls.from_config(config)

@@ -1,0 +1,133 @@
+"""What a tensor is for (its role) and how it is stored (its part and storage id).
+
+A checkpoint tensor is one *part* of a logical *weight*: ``experts.5.w1.weight_packed``
+and ``experts.5.w1.weight_scale`` are the packed codes and the block scales of the
+logical weight ``experts.5.w1.weight``.  Parts and storage ids are decided from the
+name's suffix and the header dtype, never from the config alone: Kimi K3's
+``quantization_config`` claims every Linear, yet its router, latent and res
+projections ship as BF16 (see docs/profiles.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    ROUTED_EXPERT = "routed_expert"
+    SHARED_EXPERT = "shared_expert"
+    ROUTER = "router"
+    LATENT_PROJ = "latent_proj"      # K3 LatentMoE: routed_expert_{down,up}_proj, routed_expert_norm
+    ATTN_MLA = "attn_mla"
+    ATTN_KDA = "attn_kda"
+    ATTN_OTHER = "attn_other"        # MHA/GQA or attention we cannot place
+    DENSE_MLP = "dense_mlp"
+    NORM = "norm"
+    EMBEDDING = "embedding"
+    LM_HEAD = "lm_head"
+    VISION = "vision"                # vision tower and multimodal projector
+    RESIDUAL = "residual"            # K3 attention-residual *_res_proj / *_res_norm
+    OTHER = "other"                  # anything not recognised: reported, never dropped
+
+    def __str__(self) -> str:  # "routed_expert", not "Role.ROUTED_EXPERT", in reports
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRole:
+    role: Role
+    layer: int | None        # 0-indexed decoder layer, None outside the layer stack
+    expert: int | None       # routed expert index; None for fused (all-experts) tensors
+    projection: str | None   # 'gate' | 'up' | 'down' | 'gate_up' for FFN projections
+    weight: str              # logical weight this tensor is a part of
+    part: str                # 'weight', 'packed', 'scale', 'scale_inv', 'bias', 'blocks', ...
+    storage: str             # storage format id, see STORAGE_IDS
+
+    @property
+    def quantized(self) -> bool:
+        return self.storage in QUANTIZED_STORAGE
+
+
+# Storage ids.  Quantized ones are the on-disk format strings users see; plain
+# float tensors are named by their dtype; anything else is 'raw'.
+QUANTIZED_STORAGE = frozenset({
+    "mxfp4-pack-quantized",  # compressed-tensors MXFP4 (Kimi K3): weight_packed U8 + weight_scale U8
+    "gpt-oss-mxfp4",         # gpt-oss fused *_blocks U8 [E, N, K/32, 16] + *_scales U8
+    "fp8-block",             # DeepSeek-V3 / Kimi K2: F8_E4M3 weight + F32 weight_scale_inv per 128x128
+    "int4-pack-quantized",   # compressed-tensors pack-quantized (K2-Thinking): I32 packed + BF16 scale + shape
+    "nvfp4",                 # NVFP4: U8 packed + F8_E4M3 scale per 16 (+ global scale)
+})
+PLAIN_STORAGE: dict[str, str] = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8-e4m3"}
+STORAGE_IDS = QUANTIZED_STORAGE | frozenset(PLAIN_STORAGE.values()) | {"raw"}
+
+# Suffix of the last dotted name component -> (part, characters to cut from the
+# name to get the logical weight).  ``weight_packed`` -> ``weight`` by cutting '_packed'.
+_COMPONENT_PARTS: dict[str, tuple[str, int]] = {
+    "weight": ("weight", 0),
+    "bias": ("bias", 0),
+    "weight_packed": ("packed", len("_packed")),
+    "weight_scale": ("scale", len("_scale")),
+    "weight_scale_inv": ("scale_inv", len("_scale_inv")),
+    "weight_shape": ("shape", len("_shape")),
+    "weight_global_scale": ("global_scale", len("_global_scale")),
+    "weight_scale_2": ("scale_2", len("_scale_2")),          # ModelOpt NVFP4 second-level scale
+    "weight_zero_point": ("zero_point", len("_zero_point")),
+}
+# gpt-oss style fused tensors end in _blocks/_scales/_bias instead of a dotted suffix.
+_UNDERSCORE_PARTS: tuple[tuple[str, str], ...] = (("_blocks", "blocks"), ("_scales", "scales"))
+
+
+def split_part(last: str) -> tuple[str, int]:
+    """(part, cut) for a name's last dotted component.  A bare parameter such
+    as ``A_log`` is part 'weight'; ``dt_bias`` or ``gate_up_proj_bias`` is 'bias'."""
+    hit = _COMPONENT_PARTS.get(last)
+    if hit is not None:
+        return hit
+    for suffix, part in _UNDERSCORE_PARTS:
+        if last.endswith(suffix) and len(last) > len(suffix):
+            return part, len(suffix)
+    if last.endswith("_bias"):
+        return "bias", 0
+    return "weight", 0
+
+
+def storage_of(part: str, dtype: str, hint: str | None) -> str:
+    """The storage id of one tensor from its part, its header dtype and the
+    profile's quantization hint (from config, or the family default).
+
+    The hint only settles what suffix and dtype leave open (U8 packed codes are
+    MXFP4 or NVFP4; a float ``weight_scale`` belongs to INT4 or FP8 groups);
+    it never makes a plain BF16 tensor quantized.
+    """
+    plain = PLAIN_STORAGE.get(dtype, "raw")
+    if part == "packed":
+        if dtype == "U8":
+            return "nvfp4" if hint == "nvfp4" else "mxfp4-pack-quantized"
+        if dtype == "I32":
+            return "int4-pack-quantized"
+        return "raw"
+    if part == "scale":
+        if dtype == "U8":  # E8M0 bytes stored as U8 (compressed-tensors scale_dtype torch.uint8)
+            return "mxfp4-pack-quantized"
+        if dtype == "F8_E4M3":
+            return "nvfp4"
+        if dtype in ("BF16", "F16", "F32") and hint in ("int4-pack-quantized", "fp8-e4m3"):
+            return hint
+        return "raw"
+    if part == "shape":
+        return "int4-pack-quantized"
+    if part in ("global_scale", "scale_2"):
+        return "nvfp4"
+    if part == "scale_inv":
+        return "fp8-block" if dtype == "F32" else "raw"
+    if part in ("blocks", "scales"):
+        return "gpt-oss-mxfp4" if dtype == "U8" else "raw"
+    if part == "zero_point":
+        return hint if hint in QUANTIZED_STORAGE else "raw"
+    if part == "weight":
+        if dtype == "F8_E4M3" and hint == "fp8-block":
+            return "fp8-block"
+        if dtype == "U8" and hint == "nvfp4":  # ModelOpt stores NVFP4 codes as a plain 'weight'
+            return "nvfp4"
+    return plain

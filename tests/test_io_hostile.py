@@ -395,3 +395,20 @@ def test_fuzz_open_checkpoint_raises_only_our_errors(case):
                 assert ck.shard_size(s) == os.path.getsize(root / s)
             for name in ck.tensors:
                 assert len(ck.read_bytes(name)) == ck.tensors[name].nbytes
+
+
+@pytest.mark.parametrize("second", ["[2.0]", "[true]", "[2, 0.0e0]", "[1e0, 2]"])
+def test_repeated_shapes_still_refuse_floats_and_bools(second):
+    # The parser checks a (dtype, shape) pair once and then only offsets; a float
+    # or bool dim equal to a checked int (2.0 == 2, true == 1) must not ride on it.
+    js = ('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+          '"b":{"dtype":"U8","shape":' + second + ',"data_offsets":[2,4]}}')
+    with pytest.raises(InvalidFileError):
+        parse_header_json(js.encode(), source="t")
+
+
+def test_repeated_shapes_duplicate_key_inside_entry():
+    js = ('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+          '"b":{"dtype":"U8","shape":[2],"shape":[2],"data_offsets":[2,4]}}')
+    with pytest.raises(InvalidFileError, match="more than once"):
+        parse_header_json(js.encode(), source="t")

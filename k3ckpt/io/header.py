@@ -23,11 +23,12 @@ allocate anything.
 from __future__ import annotations
 
 import json
+import re
 import os
 import stat
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InvalidFileError, NotFoundError, ShapeError, TruncatedFileError, UnsupportedError, UsageError
 from . import dtypes
@@ -39,9 +40,12 @@ _ENTRY_KEYS = frozenset(("dtype", "shape", "data_offsets"))
 _ALIGN = 8                      # writer convention since safetensors 0.3.0: data start 8-aligned
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One header entry; ``start``/``end`` are relative to the data start."""
+class TensorInfo(NamedTuple):
+    """One header entry; ``start``/``end`` are relative to the data start.
+
+    Immutable like the frozen dataclasses elsewhere, but a NamedTuple: a K3
+    checkpoint makes 497,220 of them and tuple construction is 4x cheaper.
+    """
 
     name: str
     dtype: str
@@ -144,19 +148,61 @@ def _pairs_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_SLOW = object()
+# Every object key is a string followed by optional white space and a colon.
+# Counting that pattern can only over-count keys (a string *value* may contain
+# '":'), so equality with the parsed pair count proves no key was repeated.
+_KEY_END = re.compile(r'"[ \t\n\r]*:')
+_KEY_GAP = re.compile(r'"[ \t\n\r]+:')
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _shallow_pairs(obj: Any) -> int:
+    """Key/value pairs in the top two object levels (never inside arrays).
+    Safetensors headers and index files nest no deeper; a deeper document
+    under-counts and takes the slow path, which is always safe."""
+    if type(obj) is not dict:
+        return 0
+    return len(obj) + sum([len(v) for v in obj.values() if type(v) is dict])
+
+
+def _count_keys(text: str) -> int:
+    """Upper bound on the object keys in ``text`` (see ``_KEY_END``)."""
+    if _KEY_GAP.search(text) is None:  # compact JSON: plain substring count, 3x faster
+        return text.count('":')
+    return len(_KEY_END.findall(text))
+
+
+def _loads_fast(text: str, parse_float: Any = None) -> Any:
+    """The C parser with no hooks, then cheap whole-text checks for what the hooks
+    would catch; ``_SLOW`` when those checks cannot decide (the hooked parse then
+    names the exact problem).  A 497,220-tensor K3 index parses 10x faster."""
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        return _SLOW
+    obj = json.loads(text, parse_constant=_reject_constant, parse_float=parse_float)
+    if _count_keys(text) != _shallow_pairs(obj):
+        return _SLOW
+    return obj
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def loads_strict(raw: bytes, *, source: str, what: str = "JSON") -> Any:
+def loads_strict(raw: bytes, *, source: str, what: str = "JSON", parse_float: Any = None) -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity.  Any failure is an
-    ``InvalidFileError`` naming ``source`` (also used for index and config files)."""
+    ``InvalidFileError`` naming ``source`` (also used for index and config files).
+    ``parse_float`` is passed to ``json.loads``."""
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:
         raise InvalidFileError(f"{what} is not valid UTF-8 (byte {e.start}: {e.reason})", file=source) from None
     try:
-        return json.loads(text, object_pairs_hook=_pairs_no_duplicates, parse_constant=_reject_constant)
+        fast = _loads_fast(text, parse_float)
+        if fast is not _SLOW:
+            return fast
+        return json.loads(text, object_pairs_hook=_pairs_no_duplicates, parse_constant=_reject_constant,
+                          parse_float=parse_float)
     except _DuplicateKey as e:
         raise InvalidFileError(f"{what} has the key {e.key!r} more than once", file=source) from None
     except _LoneSurrogate as e:
@@ -169,6 +215,14 @@ def loads_strict(raw: bytes, *, source: str, what: str = "JSON") -> Any:
 
 def _is_int(x: Any) -> bool:
     return type(x) is int  # bool is an int subclass; JSON true/false are not sizes
+
+
+def _all_sizes(values: list) -> bool:
+    """Every value a JSON integer (not a bool) in [0, 2**64)."""
+    for v in values:
+        if type(v) is not int or v < 0 or v >= _U64_LIMIT:
+            return False
+    return True
 
 
 def _checked_nbytes(dt: dtypes.DType, shape: tuple[int, ...], have: int, *, source: str, name: str) -> None:
@@ -217,7 +271,7 @@ def _parse_entry(name: str, entry: Any, *, source: str) -> TensorInfo:
     if not isinstance(entry, dict):
         raise InvalidFileError(f"header entry must be an object, found {type(entry).__name__}",
                                file=source, tensor=name)
-    keys = set(entry)
+    keys = entry.keys()
     if keys != _ENTRY_KEYS:
         missing = sorted(_ENTRY_KEYS - keys)
         extra = sorted(keys - _ENTRY_KEYS)
@@ -233,16 +287,16 @@ def _parse_entry(name: str, entry: Any, *, source: str) -> TensorInfo:
     except UnsupportedError as e:
         raise UnsupportedError(e.detail, file=source, tensor=name) from None
     shape = entry["shape"]
-    if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d < _U64_LIMIT for d in shape):
+    if type(shape) is not list or not _all_sizes(shape):
         raise InvalidFileError(
             f"shape must be a list of non-negative integers below 2**64, found {_short(shape)}",
             file=source, tensor=name,
         )
     offs = entry["data_offsets"]
     if (
-        not isinstance(offs, list)
+        type(offs) is not list
         or len(offs) != 2
-        or not all(_is_int(o) and 0 <= o < _U64_LIMIT for o in offs)
+        or not _all_sizes(offs)
         or offs[0] > offs[1]
     ):
         raise InvalidFileError(
@@ -265,17 +319,40 @@ def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) 
     n = len(raw)
     if not bytes(raw[:1]) == b"{":  # reference reader: InvalidHeaderStart
         raise InvalidFileError(f"header JSON must start with '{{', found {bytes(raw[:1])!r}", file=source)
-    obj = loads_strict(raw, source=source, what="header JSON")
+    floats: list[str] = []
+    obj = loads_strict(raw, source=source, what="header JSON", parse_float=lambda t: floats.append(t) or float(t))
     if not isinstance(obj, dict):  # pragma: no cover - a '{' start guarantees an object or a parse error
         raise InvalidFileError(f"header JSON must be an object, found {type(obj).__name__}", file=source)
 
     metadata: dict[str, str] = {}
     infos: list[TensorInfo] = []
+    # Real headers repeat a few (dtype, shape) pairs thousands of times (a K3
+    # MoE shard: 5,404 tensors, ~20 distinct).  Once a pair passed the full
+    # check, later entries with it only need their offsets checked.  Only safe
+    # when the text has no true/false/float literals: JSON true == 1 and 1.0 == 1
+    # in Python, so such a document takes the full check for every entry.
+    text = bytes(raw)
+    memo: dict[tuple, tuple[str, tuple[int, ...], int]] | None = (
+        {} if not (floats or b"true" in text or b"false" in text) else None
+    )
     for name, entry in obj.items():
         if name == METADATA_KEY:
             metadata = _parse_metadata(entry, source=source)
-        else:
-            infos.append(_parse_entry(name, entry, source=source))
+            continue
+        if memo is not None and type(entry) is dict and len(entry) == 3:
+            try:
+                hit = memo.get((entry["dtype"], *entry["shape"]))
+                begin, end = entry["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                hit = None
+            if (hit is not None and type(begin) is int and type(end) is int
+                    and 0 <= begin and end - begin == hit[2] and end < _U64_LIMIT):
+                infos.append(TensorInfo(name, hit[0], hit[1], begin, end))
+                continue
+        info = _parse_entry(name, entry, source=source)
+        if memo is not None:
+            memo[(info.dtype, *info.shape)] = (info.dtype, info.shape, info.nbytes)
+        infos.append(info)
 
     # Contiguity after sorting by (begin, end): empty tensors sharing an offset
     # sort before the tensor that starts there; ties keep header order.

@@ -21,7 +21,7 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -121,9 +121,9 @@ class LocalFile:
         return f"LocalFile({str(self.path)!r})"
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor lives: its header entry, its shard, its absolute offset."""
+class TensorEntry(NamedTuple):
+    """Where one tensor lives: its header entry, its shard, its absolute offset.
+    (A NamedTuple for the same reason as ``TensorInfo``.)"""
 
     info: TensorInfo
     shard: str          # shard file name, relative to the checkpoint folder
@@ -226,11 +226,15 @@ def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
         meta = {}
     if not isinstance(meta, dict):
         raise InvalidFileError(f"index 'metadata' must be an object, found {type(meta).__name__}", file=source)
+    checked: set[str] = set()   # a K3 index names 96 shards 497,220 times
     for tensor, shard in wm.items():
+        if shard in checked:
+            continue
         if not isinstance(shard, str):
             raise InvalidFileError(f"weight_map value must be a shard name, found {shard!r}", file=source,
                                    tensor=tensor)
         check_shard_name(shard, source=source)
+        checked.add(shard)
     return dict(wm), dict(meta)
 
 

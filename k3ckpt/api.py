@@ -1,0 +1,55 @@
+"""The library entry points the CLI calls; Python users call them directly.
+
+Each function takes plain arguments, returns a frozen dataclass and never prints
+or exits.  Errors from bad input are ``k3ckpt.errors.K3ckptError`` kinds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import NotFoundError
+from .io.reader import Checkpoint, open_checkpoint
+
+
+def open_source(src: str | os.PathLike) -> Checkpoint:
+    """Open a checkpoint folder or ``.safetensors`` file."""
+    path = Path(src)
+    if not path.exists():
+        raise NotFoundError(f"no such checkpoint folder or file: {src}")
+    return open_checkpoint(path)
+
+
+def inspect(src: str | os.PathLike, *, scan: bool = False, progress: bool = False):
+    """Report what ``src`` holds from headers; ``scan=True`` also reads the data
+    (bounded memory) for scale histograms, NaN/Inf counts, zero codes and amax."""
+    from .inspection import inspect_checkpoint
+
+    with open_source(src) as ckpt:
+        report = inspect_checkpoint(ckpt, source=str(src))
+        if scan:
+            import dataclasses
+
+            from .scan import scan_checkpoint
+
+            report = dataclasses.replace(report, scan=scan_checkpoint(ckpt, progress=progress))
+        return report
+
+
+def make_fixture(name: str, dst: str | os.PathLike, **options) -> Path:
+    """Generate a synthetic checkpoint (see ``k3ckpt.fixtures.FIXTURES``)."""
+    from . import fixtures
+
+    if name == "k3-virtual":
+        return fixtures.make_virtual_k3(dst)
+    return fixtures.make_fixture(name, dst, **options)
+
+
+def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf16", tensors: str | None = None,
+            progress: bool = False):
+    """Write a checkpoint whose selected quantized weights are decoded to ``dtype``."""
+    from .dequant import dequant_checkpoint
+
+    with open_source(src) as ckpt:
+        return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress)

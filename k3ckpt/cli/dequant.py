@@ -1,0 +1,44 @@
+"""``k3ckpt dequant SRC DST``: quantized weights decoded to bf16/f16/f32, the rest copied."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import api
+from .render import echo_json, human_bytes
+
+
+@click.command("dequant")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--dtype", type=click.Choice(["bf16", "f16", "f32"]), default="bf16", show_default=True,
+              help="Output dtype of decoded weights.")
+@click.option("--tensors", "pattern", metavar="REGEX", default=None,
+              help="Decode only quantized weights whose logical name matches (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(src, dst, dtype, pattern, as_json, quiet):
+    """Write DST: SRC with its quantized weights decoded to plain floats.
+
+    MXFP4 weights (K3's weight_packed + weight_scale, gpt-oss's fused blocks)
+    come out under their plain names (`...w1.weight`; gpt-oss unfused per
+    expert, [out, in]); every other tensor is copied byte for byte, and
+    config.json's quantization_config is dropped or narrowed.
+    """
+    result = api.dequant(src, dst, dtype=dtype, tensors=pattern, progress=not quiet and sys.stderr.isatty())
+    if as_json:
+        from dataclasses import asdict
+
+        echo_json(asdict(result))
+        return
+    click.echo(f"wrote {result.dst}: {len(result.decoded)} weight(s) decoded to {dtype}, "
+               f"{result.copied} tensor(s) copied, {len(result.shards)} shard(s), "
+               f"{human_bytes(result.bytes_written)}")
+    for weight, n in sorted(result.nan_blocks.items()):
+        click.echo(f"warning: {weight}: {n} block(s) have a NaN scale (E8M0 0xFF); they decode to NaN")
+    for weight, n in sorted(result.inexact.items()):
+        click.echo(f"warning: {weight}: {n} value(s) rounded by the {dtype} output")
+    if result.skipped:
+        click.echo(f"left quantized: {len(result.skipped)} tensor(s), e.g. {result.skipped[0]}")

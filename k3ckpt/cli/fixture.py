@@ -1,0 +1,51 @@
+"""``k3ckpt fixture NAME DST``: synthetic checkpoints with real names, dtypes and layouts."""
+
+from __future__ import annotations
+
+import click
+
+from .. import api
+
+
+def _names():
+    from ..fixtures import FIXTURES
+
+    return sorted(FIXTURES) + ["k3-virtual"]
+
+
+@click.command("fixture")
+@click.argument("name", required=False)
+@click.argument("dst", required=False)
+@click.option("--layers", type=int, default=None, help="Decoder layers (fixture default if unset).")
+@click.option("--experts", type=int, default=None, help="Routed experts per MoE layer.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--list", "list_only", is_flag=True, help="List the fixtures and exit.")
+def command(name, dst, layers, experts, seed, list_only):
+    """Generate fixture NAME into the folder DST.
+
+    k3-tiny, k3 (real expert shapes), kimi-k2-tiny, gpt-oss-tiny, and
+    k3-virtual (the full-size K3 as headers over sparse files: no disk cost).
+    """
+    from ..errors import UsageError
+    from ..fixtures import FIXTURES
+
+    if list_only or name is None:
+        for key in sorted(FIXTURES):
+            click.echo(f"{key:14s} {FIXTURES[key].description if hasattr(FIXTURES[key], 'description') else FIXTURES[key]}")
+        click.echo(f"{'k3-virtual':14s} full-size Kimi K3 headers (96 shards, 497,220 tensors), sparse data")
+        return
+    if dst is None:
+        raise UsageError("give a destination folder: k3ckpt fixture NAME DST")
+    if name not in _names():
+        raise UsageError(f"unknown fixture {name!r}; choose from {', '.join(_names())}")
+    options = {"seed": seed}
+    if layers is not None:
+        options["layers"] = layers
+    if experts is not None:
+        options["experts"] = experts
+    if name == "k3-virtual":
+        if layers is not None or experts is not None:
+            raise UsageError("k3-virtual is the real geometry; --layers/--experts do not apply")
+        options = {}
+    path = api.make_fixture(name, dst, **options)
+    click.echo(f"wrote {name} to {path}")

@@ -1,0 +1,102 @@
+"""``k3ckpt inspect SRC``: the report of ``k3ckpt.api.inspect`` as text or JSON."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import api
+from .render import echo_json, human_bytes, human_count, table
+
+
+def _ranges(layers) -> str:
+    """[1,2,3,5] -> '1-3, 5'."""
+    out, run = [], []
+    for i in list(layers) + [None]:
+        if run and (i is None or i != run[-1] + 1):
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        if i is not None:
+            run.append(i)
+    return ", ".join(out) or "-"
+
+
+def render_report(r, *, tensors=None) -> str:
+    lines = [
+        f"source        {r.source}",
+        f"model         {r.display_name} (profile {r.profile}, model_type {r.model_type or '-'})",
+    ]
+    if r.num_layers is not None:
+        attn = ", ".join(f"{n} {k}" for k, n in sorted(r.attention_layers.items()))
+        lines += [
+            f"layers        {r.num_layers} ({attn}); dense MLP: {_ranges(r.dense_layers)}; "
+            f"MoE: {_ranges(r.moe_layers)}",
+            f"experts       {r.experts_per_layer} routed per MoE layer, top-{r.top_k}, "
+            f"{r.shared_experts} shared; {r.routed_experts:,} routed experts in the headers",
+        ]
+    active = "-" if r.params_active is None else human_count(r.params_active)
+    lines += [
+        f"parameters    {human_count(r.params_total)} total, {active} active per token",
+        f"tensors       {r.tensor_count:,} in {len(r.shards)} shard(s), {human_bytes(r.total_bytes)} "
+        f"({r.total_bytes:,} B)",
+        f"routed experts {human_bytes(r.routed_expert_bytes)} ({r.routed_expert_bytes:,} B)",
+        "",
+    ]
+    for title, buckets in (("role", r.by_role), ("storage", r.by_storage)):
+        rows = [(b.key, f"{b.tensors:,}", human_count(b.params), human_bytes(b.bytes), f"{b.bytes:,}",
+                 "-" if b.bits_per_weight is None else f"{b.bits_per_weight:.3f}") for b in buckets]
+        lines += [table(rows, [f"by {title}", "tensors", "params", "size", "bytes", "bits/weight"]), ""]
+    sizes = [s.size for s in r.shards]
+    if sizes:
+        lines.append(f"shards        {len(sizes)}: smallest {human_bytes(min(sizes))}, largest "
+                     f"{human_bytes(max(sizes))}, total {human_bytes(sum(sizes))}")
+    if r.unrecognised:
+        shown = ", ".join(r.unrecognised[:5]) + (" ..." if len(r.unrecognised) > 5 else "")
+        lines.append(f"unrecognised  {len(r.unrecognised)} tensor(s) with role 'other': {shown}")
+    for w in r.warnings:
+        lines.append(f"warning       {w}")
+    if r.scan is not None:
+        lines += ["", r.scan.render()]
+    if tensors is not None:
+        lines += ["", table(tensors, ["tensor", "dtype", "shape", "role", "storage", "bytes", "shard"],
+                            align="llllrrl")]
+    return "\n".join(lines)
+
+
+def tensor_rows(src):
+    from ..profiles import detect
+
+    with api.open_source(src) as ckpt:
+        profile = detect(ckpt.config, ckpt.tensors.keys())
+        rows = []
+        for name, e in ckpt.tensors.items():
+            tr = profile.classify(name, e.dtype)
+            rows.append((name, e.dtype, "x".join(map(str, e.shape)) or "scalar", tr.role.value, tr.storage,
+                         f"{e.nbytes:,}", e.shard))
+        return rows
+
+
+@click.command("inspect")
+@click.argument("src")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/inspect-json.md).")
+@click.option("--tensors", "list_tensors", is_flag=True, help="Also list every tensor with its role.")
+@click.option("--scan", is_flag=True, help="Read the data too: scale histograms, NaN/Inf, zero codes, amax.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(src, as_json, list_tensors, scan, quiet):
+    """Report what the checkpoint SRC holds, from its headers alone.
+
+    SRC is a checkpoint folder (with or without model.safetensors.index.json)
+    or a single .safetensors file.
+    """
+    progress = scan and not quiet and sys.stderr.isatty()
+    report = api.inspect(src, scan=scan, progress=progress)
+    rows = tensor_rows(src) if list_tensors else None
+    if as_json:
+        out = report.to_json()
+        if rows is not None:
+            keys = ("name", "dtype", "shape", "role", "storage", "bytes", "shard")
+            out["tensors"] = [dict(zip(keys, r)) for r in rows]
+        echo_json(out)
+    else:
+        click.echo(render_report(report, tensors=rows))

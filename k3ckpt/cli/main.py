@@ -1,0 +1,78 @@
+"""The ``k3ckpt`` command: a click group whose commands load lazily.
+
+Each command lives in its own module (``k3ckpt/cli/<name>.py``) and is thin over
+``k3ckpt.api``.  Importing a command module only when it runs keeps
+``k3ckpt --help`` fast: numba and huggingface_hub never load for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import K3ckptError
+
+# name -> (module, one-line help).  The help text lives here so `--help` needs no imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("k3ckpt.cli.demo", "Build the tiny K3 fixture and run the main job on it."),
+    "inspect": ("k3ckpt.cli.inspect", "Report what a checkpoint holds, from headers alone."),
+    "dequant": ("k3ckpt.cli.dequant", "Decode quantized tensors to bf16/f16/f32 in a new checkpoint."),
+    "fixture": ("k3ckpt.cli.fixture", "Generate a synthetic checkpoint with real names and layouts."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[name][0])
+        return module.command
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="k3ckpt")
+def cli():
+    """Inspect, requantize and place the experts of very large MXFP4 MoE checkpoints."""
+
+
+def error_message(exc: BaseException) -> str:
+    """One line for a user's mistake, named by the most specific k3ckpt kind."""
+    kind = next((c.__name__ for c in type(exc).__mro__ if c.__module__ == "k3ckpt.errors"), "K3ckptError")
+    text = " ".join(str(exc).split())
+    return f"k3ckpt: error: {text} [{kind}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: users' mistakes become one line on stderr and exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="k3ckpt", standalone_mode=False)
+    except K3ckptError as exc:
+        click.echo(error_message(exc), err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("k3ckpt: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        click.echo("k3ckpt: interrupted", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

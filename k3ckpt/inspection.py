@@ -1,0 +1,213 @@
+"""What a checkpoint holds, from its headers alone (and, with ``scan``, its data).
+
+``inspect_checkpoint`` returns an ``InspectReport``: the CLI renders it as text
+or as the stable JSON documented in docs/inspect-json.md.  Nothing here reads
+tensor data unless ``scan=True``; the scan is in ``k3ckpt.scan``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .io.reader import Checkpoint
+from .profiles import detect
+from .profiles.roles import Role, TensorRole
+
+JSON_SCHEMA_VERSION = 1
+
+# Parts that store no parameters of their own: they qualify the codes of another part.
+_OVERHEAD_PARTS = frozenset({"scale", "scale_inv", "scales", "shape", "global_scale", "scale_2", "zero_point"})
+# Elements per stored element for parts that pack several weights into one.
+_PACKING = {("packed", "U8"): 2, ("packed", "I32"): 8, ("blocks", "U8"): 2}
+
+
+def params_of(tr: TensorRole, dtype: str, numel: int) -> int:
+    """Logical weights a tensor stores: 2 per byte of MXFP4/NVFP4 codes, 8 per
+    INT4 word, none for scales; ``numel`` otherwise (F4 headers count elements)."""
+    if tr.part in _OVERHEAD_PARTS:
+        return 0
+    if tr.storage == "nvfp4" and tr.part == "weight" and dtype == "U8":  # ModelOpt codes under a plain name
+        return numel * 2
+    return numel * _PACKING.get((tr.part, dtype), 1)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Tensors, logical parameters and bytes of one role or storage format."""
+
+    key: str
+    tensors: int
+    params: int
+    bytes: int
+
+    @property
+    def bits_per_weight(self) -> float | None:
+        return None if self.params == 0 else self.bytes * 8 / self.params
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    size: int       # file bytes (header included)
+    tensors: int
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    index: int
+    mlp: str                 # 'dense' | 'moe' | 'none'
+    attention: str           # 'mla' | 'kda' | 'mha' | 'unknown'
+    experts: int             # routed experts seen in the headers
+    bytes: int
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    source: str
+    profile: str
+    display_name: str
+    model_type: str | None
+    architectures: tuple[str, ...]
+    num_layers: int | None
+    dense_layers: tuple[int, ...]
+    moe_layers: tuple[int, ...]
+    experts_per_layer: int | None
+    top_k: int | None
+    shared_experts: int | None
+    attention_layers: dict[str, int]
+    tensor_count: int
+    total_bytes: int
+    params_total: int
+    params_active: int | None
+    routed_experts: int
+    routed_expert_bytes: int
+    routed_expert_params: int
+    by_role: tuple[Bucket, ...]
+    by_storage: tuple[Bucket, ...]
+    shards: tuple[ShardInfo, ...]
+    layers: tuple[LayerInfo, ...]
+    unrecognised: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    scan: Any = None                 # k3ckpt.scan.ScanReport when scanned
+    extra: dict[str, Any] = field(default_factory=dict)   # e.g. hub bytes fetched
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form (docs/inspect-json.md)."""
+        out = asdict(self)
+        out["schema_version"] = JSON_SCHEMA_VERSION
+        for key in ("by_role", "by_storage"):
+            out[key] = [dict(asdict(b), bits_per_weight=b.bits_per_weight) for b in getattr(self, key)]
+        out["scan"] = None if self.scan is None else self.scan.to_json()
+        return out
+
+
+def _bucket_list(acc: dict[str, list[int]]) -> tuple[Bucket, ...]:
+    rows = [Bucket(k, *v) for k, v in acc.items()]
+    return tuple(sorted(rows, key=lambda b: (-b.bytes, b.key)))
+
+
+def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> InspectReport:
+    """Summarise ``ckpt`` from headers and config alone."""
+    profile = detect(ckpt.config, ckpt.tensors.keys())
+    geo = profile.geometry
+    by_role: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    by_storage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    per_layer_bytes: dict[int, int] = defaultdict(int)
+    per_layer_experts: dict[int, set[int]] = defaultdict(set)
+    per_layer_expert_params: dict[int, int] = defaultdict(int)
+    shard_tensors: dict[str, int] = defaultdict(int)
+    unrecognised: list[str] = []
+    experts: set[tuple[int, int]] = set()
+    routed_bytes = routed_params = total_bytes = params_total = vision_params = 0
+
+    for name, entry in ckpt.tensors.items():
+        tr = profile.classify(name, entry.dtype)
+        numel = 1
+        for d in entry.shape:
+            numel *= d
+        params = params_of(tr, entry.dtype, numel)
+        nbytes = entry.nbytes
+        total_bytes += nbytes
+        params_total += params
+        shard_tensors[entry.shard] += 1
+        for acc, key in ((by_role, tr.role.value), (by_storage, tr.storage)):
+            row = acc[key]
+            row[0] += 1
+            row[1] += params
+            row[2] += nbytes
+        if tr.layer is not None:
+            per_layer_bytes[tr.layer] += nbytes
+        if tr.role is Role.ROUTED_EXPERT:
+            routed_bytes += nbytes
+            routed_params += params
+            if tr.layer is not None:
+                per_layer_expert_params[tr.layer] += params
+                if tr.expert is not None:
+                    experts.add((tr.layer, tr.expert))
+                    per_layer_experts[tr.layer].add(tr.expert)
+                elif len(entry.shape) >= 3 and tr.part in ("blocks", "scales", "weight", "bias"):
+                    # fused [E, ...] tensors (gpt-oss): the leading dim counts the experts
+                    for e in range(entry.shape[0]):
+                        experts.add((tr.layer, e))
+                        per_layer_experts[tr.layer].add(e)
+        elif tr.role is Role.VISION:
+            vision_params += params
+        elif tr.role is Role.OTHER:
+            unrecognised.append(name)
+
+    warnings: list[str] = []
+    params_active = None
+    if geo is not None and geo.experts and geo.top_k:
+        # A token runs top_k of each MoE layer's experts and every other text weight.
+        active_routed = sum(p * geo.top_k / geo.experts for p in per_layer_expert_params.values())
+        params_active = int(round(params_total - vision_params - routed_params + active_routed))
+        seen = {len(v) for v in per_layer_experts.values()}
+        if seen and seen != {geo.experts}:
+            warnings.append(f"config says {geo.experts} experts per layer, headers hold {sorted(seen)}")
+    elif geo is not None:
+        params_active = params_total - vision_params
+
+    layers: list[LayerInfo] = []
+    if geo is not None:
+        dense, moe = set(geo.dense_layers), set(geo.moe_layers)
+        for i in range(geo.num_layers):
+            mlp = "moe" if i in moe else "dense" if i in dense else "none"
+            layers.append(LayerInfo(i, mlp, geo.attention.get(i, "unknown"), len(per_layer_experts.get(i, ())),
+                                    per_layer_bytes.get(i, 0)))
+        extra_layers = sorted(set(per_layer_bytes) - set(range(geo.num_layers)))
+        if extra_layers:
+            warnings.append(f"headers hold layers {extra_layers} beyond the config's {geo.num_layers}")
+    attention_layers: dict[str, int] = defaultdict(int)
+    for layer in layers:
+        attention_layers[layer.attention] += 1
+
+    config = ckpt.config or {}
+    return InspectReport(
+        source=source or str(ckpt.root),
+        profile=profile.id,
+        display_name=profile.display_name,
+        model_type=config.get("model_type"),
+        architectures=tuple(config.get("architectures") or ()),
+        num_layers=None if geo is None else geo.num_layers,
+        dense_layers=() if geo is None else tuple(geo.dense_layers),
+        moe_layers=() if geo is None else tuple(geo.moe_layers),
+        experts_per_layer=None if geo is None else geo.experts,
+        top_k=None if geo is None else geo.top_k,
+        shared_experts=None if geo is None else geo.shared_experts,
+        attention_layers=dict(attention_layers),
+        tensor_count=len(ckpt.tensors),
+        total_bytes=total_bytes,
+        params_total=params_total,
+        params_active=params_active,
+        routed_experts=len(experts),
+        routed_expert_bytes=routed_bytes,
+        routed_expert_params=routed_params,
+        by_role=_bucket_list(by_role),
+        by_storage=_bucket_list(by_storage),
+        shards=tuple(ShardInfo(s, ckpt.shard_size(s), shard_tensors.get(s, 0)) for s in ckpt.shards),
+        layers=tuple(layers),
+        unrecognised=tuple(unrecognised),
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,75 @@
+"""The command line: thin over the API, one-line errors, exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = str(Path(__file__).resolve().parents[1])
+# Run the tree under test even when the package is not installed.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
+
+def run(*args, env=None, check=False):
+    proc = subprocess.run([sys.executable, "-m", "k3ckpt", *map(str, args)], capture_output=True, text=True,
+                          env={**ENV, **(env or {})}, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_help_lists_commands_without_heavy_imports():
+    proc = run("--help", check=True)
+    for cmd in ("inspect", "dequant", "fixture", "demo"):
+        assert cmd in proc.stdout
+    code = ("import sys; from k3ckpt.cli.main import main; rc = main(['--help']);"
+            "print('HEAVY' if {'numba', 'huggingface_hub'} & set(sys.modules) else 'LIGHT')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=ENV).stdout
+    assert out.strip().endswith("LIGHT")
+
+
+def test_inspect_text_and_json(k3_tiny):
+    text = run("inspect", k3_tiny, check=True).stdout
+    assert "kimi_k3" in text and "routed_expert" in text and "mxfp4-pack-quantized" in text
+    data = json.loads(run("inspect", k3_tiny, "--json", "--tensors", check=True).stdout)
+    assert data["schema_version"] == 1
+    assert len(data["tensors"]) == data["tensor_count"]
+    assert {t["role"] for t in data["tensors"]} >= {"routed_expert", "router", "embedding"}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("inspect", "no/such/dir"), "no such checkpoint"),
+    (("dequant", "no/such/dir", "out"), "no such checkpoint"),
+    (("fixture", "no-such-fixture", "out"), "unknown fixture"),
+])
+def test_users_mistakes_are_one_line_and_exit_2(tmp_path, args, needle):
+    proc = subprocess.run([sys.executable, "-m", "k3ckpt", *args], capture_output=True, text=True, cwd=tmp_path,
+                          env=ENV)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("k3ckpt: error:") and needle in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_file_names_file_and_exits_2(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    proc = run("inspect", bad)
+    assert proc.returncode == 2 and "bad.safetensors" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dequant_cli(k3_tiny, tmp_path):
+    proc = run("dequant", k3_tiny, tmp_path / "out", "--json", "-q", check=True)
+    data = json.loads(proc.stdout)
+    assert data["decoded"] and data["shards"]
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    proc = run("demo", "--dir", tmp_path, check=True)
+    assert "inspect" in proc.stdout and "zero codes" in proc.stdout and "decoded" in proc.stdout

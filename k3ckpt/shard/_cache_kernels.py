@@ -1,0 +1,292 @@
+"""numba kernels of the cache simulators in ``cache.py``.
+
+Each kernel has a plain-Python reference with the same signature in ``cache.py``
+(``lru_hits_ref``, ``lfu_hits_ref``, ``belady_hits_ref``); tests hold them equal
+hit for hit.  Imported lazily: numba loads only when a simulation runs.
+
+Common signature: ``(keys int64[n], capacity, initial int64[m], nkeys) -> bool[n]``.
+``initial`` is the warm content, inserted in order (the last is the most recent).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._numba import njit
+
+
+@njit
+def lru_hits(keys, capacity, initial, nkeys):
+    n = keys.shape[0]
+    hits = np.zeros(n, dtype=np.bool_)
+    if capacity <= 0:
+        return hits
+    head = nkeys  # sentinels: head.next = most recent, tail.prev = least recent
+    tail = nkeys + 1
+    nxt = np.full(nkeys + 2, -1, dtype=np.int64)
+    prv = np.full(nkeys + 2, -1, dtype=np.int64)
+    nxt[head] = tail
+    prv[tail] = head
+    inside = np.zeros(nkeys, dtype=np.bool_)
+    size = 0
+    for j in range(initial.shape[0] + n):
+        if j < initial.shape[0]:
+            k = initial[j]
+        else:
+            k = keys[j - initial.shape[0]]
+        if inside[k]:
+            if j >= initial.shape[0]:
+                hits[j - initial.shape[0]] = True
+            # unlink
+            nxt[prv[k]] = nxt[k]
+            prv[nxt[k]] = prv[k]
+        else:
+            if size == capacity:
+                victim = prv[tail]
+                nxt[prv[victim]] = tail
+                prv[tail] = prv[victim]
+                inside[victim] = False
+                size -= 1
+            inside[k] = True
+            size += 1
+        # link at head
+        nxt[k] = nxt[head]
+        prv[k] = head
+        prv[nxt[head]] = k
+        nxt[head] = k
+    return hits
+
+
+@njit
+def _push(heap, size, value):
+    i = size
+    heap[i] = value
+    while i > 0:
+        p = (i - 1) >> 1
+        if heap[p] <= heap[i]:
+            break
+        heap[p], heap[i] = heap[i], heap[p]
+        i = p
+    return size + 1
+
+
+@njit
+def _pop(heap, size):
+    top = heap[0]
+    size -= 1
+    heap[0] = heap[size]
+    i = 0
+    while True:
+        l = 2 * i + 1
+        if l >= size:
+            break
+        c = l
+        if l + 1 < size and heap[l + 1] < heap[l]:
+            c = l + 1
+        if heap[i] <= heap[c]:
+            break
+        heap[i], heap[c] = heap[c], heap[i]
+        i = c
+    return top, size
+
+
+@njit
+def lfu_hits(keys, capacity, initial, nkeys):
+    # evict the lowest (count, last use); counts persist after eviction ("perfect
+    # LFU"); warm keys start with count 0.  A heap entry is the time of the access
+    # that pushed it, ordered by (count then, time); it is stale once its key was
+    # touched again or left.
+    n = keys.shape[0]
+    m = initial.shape[0]
+    hits = np.zeros(n, dtype=np.bool_)
+    if capacity <= 0:
+        return hits
+    count = np.zeros(nkeys, dtype=np.int64)
+    last = np.full(nkeys, -1, dtype=np.int64)
+    inside = np.zeros(nkeys, dtype=np.bool_)
+    ent_key = np.empty(m + n, dtype=np.int64)
+    heap = np.empty(m + n + 1, dtype=np.int64)
+    hsize = 0
+    size = 0
+    span = m + n + 1
+    for j in range(m + n):
+        k = initial[j] if j < m else keys[j - m]
+        if j >= m:
+            count[k] += 1
+        if inside[k]:
+            if j >= m:
+                hits[j - m] = True
+        else:
+            if size == capacity:
+                while True:
+                    top, hsize = _pop(heap, hsize)
+                    t = top % span
+                    v = ent_key[t]
+                    if inside[v] and last[v] == t:
+                        break
+                inside[v] = False
+                size -= 1
+            inside[k] = True
+            size += 1
+        last[k] = j
+        ent_key[j] = k
+        hsize = _push(heap, hsize, count[k] * span + j)
+    return hits
+
+
+@njit
+def belady_hits(keys, capacity, initial, nkeys, bypass):
+    # MIN: on a miss the resident needed farthest in the future leaves (ties: the
+    # larger key).  With ``bypass`` the new key competes too and is not admitted
+    # when it is needed last (ties: not admitted).
+    n = keys.shape[0]
+    m = initial.shape[0]
+    hits = np.zeros(n, dtype=np.bool_)
+    if capacity <= 0:
+        return hits
+    never = n  # next use beyond the trace
+    nxt = np.empty(n, dtype=np.int64)
+    seen = np.full(nkeys, never, dtype=np.int64)
+    for t in range(n - 1, -1, -1):
+        nxt[t] = seen[keys[t]]
+        seen[keys[t]] = t
+    first = seen  # first use of every key (never if unused)
+    cur = np.full(nkeys, -1, dtype=np.int64)  # next use of resident keys
+    inside = np.zeros(nkeys, dtype=np.bool_)
+    heap = np.empty(m + n + 1, dtype=np.int64)  # max-heap via negated (next * nkeys + key)
+    hsize = 0
+    size = 0
+    for j in range(m):
+        k = initial[j]
+        if inside[k]:
+            continue
+        if size == capacity:
+            while True:
+                top, hsize = _pop(heap, hsize)
+                v = (-top) % nkeys
+                if inside[v] and (-top) // nkeys == cur[v]:
+                    break
+            inside[v] = False
+            size -= 1
+        inside[k] = True
+        cur[k] = first[k]
+        size += 1
+        hsize = _push(heap, hsize, -(cur[k] * nkeys + k))
+    for t in range(n):
+        k = keys[t]
+        if inside[k]:
+            hits[t] = True
+            cur[k] = nxt[t]
+            hsize = _push(heap, hsize, -(cur[k] * nkeys + k))
+            continue
+        if size == capacity:
+            while True:
+                top = heap[0]
+                v = (-top) % nkeys
+                if inside[v] and (-top) // nkeys == cur[v]:
+                    break
+                top, hsize = _pop(heap, hsize)
+            if bypass and nxt[t] >= cur[v]:
+                continue  # bypass: the new key is needed last
+            top, hsize = _pop(heap, hsize)
+            inside[v] = False
+            size -= 1
+        inside[k] = True
+        cur[k] = nxt[t]
+        size += 1
+        hsize = _push(heap, hsize, -(cur[k] * nkeys + k))
+    return hits
+
+
+@njit
+def _lru_touch(nxt, prv, head, k, linked):
+    if linked:
+        nxt[prv[k]] = nxt[k]
+        prv[nxt[k]] = prv[k]
+    nxt[k] = nxt[head]
+    prv[k] = head
+    prv[nxt[head]] = k
+    nxt[head] = k
+
+
+@njit
+def _lru_drop(nxt, prv, k):
+    nxt[prv[k]] = nxt[k]
+    prv[nxt[k]] = prv[k]
+
+
+@njit
+def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
+    # evict the coldest (lowest ``heat``) resident not used in the last ``window``
+    # accesses; if every resident is that recent, the least recently used leaves.
+    # Warm keys count as used long ago, in their warm order.  Recent residents sit
+    # in an LRU list; as they age out of the window they move to a min-heap on heat.
+    n = keys.shape[0]
+    m = initial.shape[0]
+    hits = np.zeros(n, dtype=np.bool_)
+    if capacity <= 0:
+        return hits
+    inside = np.zeros(nkeys, dtype=np.bool_)
+    in_heap = np.zeros(nkeys, dtype=np.bool_)
+    last = np.zeros(nkeys, dtype=np.int64)
+    head = nkeys
+    tail = nkeys + 1
+    nxt = np.full(nkeys + 2, -1, dtype=np.int64)
+    prv = np.full(nkeys + 2, -1, dtype=np.int64)
+    nxt[head] = tail
+    prv[tail] = head
+    heap = np.empty(m + n + 1, dtype=np.int64)  # heat * nkeys + key, min first
+    hsize = 0
+    size = 0
+    base = -(window + m + 2)
+    for j in range(m):
+        k = initial[j]
+        if inside[k]:
+            _lru_touch(nxt, prv, head, k, True)
+        else:
+            if size == capacity:
+                v = prv[tail]
+                _lru_drop(nxt, prv, v)
+                inside[v] = False
+                size -= 1
+            inside[k] = True
+            size += 1
+            _lru_touch(nxt, prv, head, k, False)
+        last[k] = base + j
+    for t in range(n):
+        # age out: residents last used before t - window leave the list for the heap
+        while prv[tail] != head and last[prv[tail]] < t - window:
+            u = prv[tail]
+            _lru_drop(nxt, prv, u)
+            in_heap[u] = True
+            hsize = _push(heap, hsize, heat[u] * nkeys + u)
+        k = keys[t]
+        if inside[k]:
+            hits[t] = True
+            if in_heap[k]:
+                in_heap[k] = False  # its heap entry goes stale
+                _lru_touch(nxt, prv, head, k, False)
+            else:
+                _lru_touch(nxt, prv, head, k, True)
+            last[k] = t
+            continue
+        if size == capacity:
+            v = -1
+            while hsize > 0:
+                top, hsize = _pop(heap, hsize)
+                u = top % nkeys
+                if inside[u] and in_heap[u]:
+                    v = u
+                    break
+            if v >= 0:
+                in_heap[v] = False
+            else:
+                v = prv[tail]
+                _lru_drop(nxt, prv, v)
+            inside[v] = False
+            size -= 1
+        inside[k] = True
+        size += 1
+        _lru_touch(nxt, prv, head, k, False)
+        last[k] = t
+    return hits

@@ -1,0 +1,342 @@
+"""Expert cache mode: HBM hot set, host-RAM tier, NVMe for the rest.
+
+When the experts do not fit in the GPUs' HBM, every rank keeps a cache of experts
+(keys ``layer_row * experts + expert``) for the MoE layers it runs.  Ranks split the
+layers into contiguous ranges (pipeline order); the dense weights are split the
+same way.  Per rank:
+
+* tier 1, HBM: ``hbm_slots`` experts (free HBM / expert bytes);
+* tier 2, host DRAM: ``host_slots`` experts (the node's DRAM share of the rank);
+* NVMe: everything, read on a miss in both tiers.
+
+Policies simulated on a held-out trace (all start warm from the same content,
+the hottest experts of the planning loads, so the bound holds from step one):
+
+* ``lru``: least recently used leaves.
+* ``lfu``: lowest access count leaves (counts kept after eviction; ties: least
+  recent).
+* ``static``: the planning window's hottest keys, pinned; nothing else is admitted.
+* ``hot-recent``: keys read within the last token (one token's reads of the rank
+  plus one layer's) stay; among the others the coldest by planning load leaves.
+  Routing persists from token to token, so a key just read is likely read again
+  in the same layer of the next token; beyond that popularity ranks keys.
+* ``belady``: Belady's MIN (the resident needed farthest in the future leaves):
+  the optimal hit rate of any policy that admits every miss, so a bound for
+  ``lru``, ``lfu`` and ``hot-recent``.
+* ``belady-bypass``: MIN where the missing key may also stay out: the optimal hit
+  rate of any policy (``static`` included) from the same start.
+
+Tier 2 sees tier 1's miss stream and runs the same policy (``static``: the next
+hottest keys).  Hit rates count all accesses.  docs/planner.md has the formulas of
+the bandwidth ceilings.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+
+__all__ = [
+    "POLICIES",
+    "lru_hits_ref",
+    "lfu_hits_ref",
+    "belady_hits_ref",
+    "hot_recent_hits_ref",
+    "static_hits",
+    "simulate",
+    "TierStats",
+    "RankCache",
+    "split_layers",
+    "rank_keys",
+    "simulate_rank",
+]
+
+POLICIES = ("lru", "lfu", "static", "hot-recent", "belady", "belady-bypass")
+ONLINE = ("lru", "lfu", "static", "hot-recent")
+
+
+# ---------------------------------------------------------------------------
+# plain-Python references (same signatures as the numba kernels)
+
+
+def lru_hits_ref(keys: np.ndarray, capacity: int, initial: np.ndarray, nkeys: int) -> np.ndarray:
+    """LRU hits of ``keys [n]`` after warming with ``initial`` (last = most recent)."""
+    hits = np.zeros(len(keys), dtype=bool)
+    if capacity <= 0:
+        return hits
+    cache: OrderedDict[int, None] = OrderedDict()
+    for j, k in enumerate([*map(int, initial), *map(int, keys)]):
+        if k in cache:
+            if j >= len(initial):
+                hits[j - len(initial)] = True
+            cache.move_to_end(k)
+            continue
+        if len(cache) == capacity:
+            cache.popitem(last=False)
+        cache[k] = None
+    return hits
+
+
+def lfu_hits_ref(keys: np.ndarray, capacity: int, initial: np.ndarray, nkeys: int) -> np.ndarray:
+    """LFU hits: evict the lowest (count, last use); counts persist; warm keys count 0."""
+    hits = np.zeros(len(keys), dtype=bool)
+    if capacity <= 0:
+        return hits
+    m = len(initial)
+    count: dict[int, int] = {}
+    last: dict[int, int] = {}
+    inside: set[int] = set()
+    for j, k in enumerate([*map(int, initial), *map(int, keys)]):
+        if j >= m:
+            count[k] = count.get(k, 0) + 1
+        if k in inside:
+            if j >= m:
+                hits[j - m] = True
+        else:
+            if len(inside) == capacity:
+                victim = min(inside, key=lambda v: (count.get(v, 0), last[v]))
+                inside.remove(victim)
+            inside.add(k)
+        last[k] = j
+    return hits
+
+
+def _next_use(keys: np.ndarray) -> np.ndarray:
+    n = len(keys)
+    nxt = np.empty(n, dtype=np.int64)
+    seen: dict[int, int] = {}
+    for t in range(n - 1, -1, -1):
+        nxt[t] = seen.get(int(keys[t]), n)
+        seen[int(keys[t])] = t
+    return nxt
+
+
+def belady_hits_ref(keys: np.ndarray, capacity: int, initial: np.ndarray, nkeys: int, bypass: bool) -> np.ndarray:
+    """Belady's MIN: the resident needed farthest ahead leaves (ties: the larger key).
+    With ``bypass`` the new key is not admitted when it is needed last (ties: not admitted)."""
+    n = len(keys)
+    hits = np.zeros(n, dtype=bool)
+    if capacity <= 0:
+        return hits
+    nxt = _next_use(keys)
+    first: dict[int, int] = {}
+    for t in range(n - 1, -1, -1):
+        first[int(keys[t])] = t
+    cur: dict[int, int] = {}
+    for k in map(int, initial):
+        if k in cur:
+            continue
+        if len(cur) == capacity:
+            victim = max(cur, key=lambda v: (cur[v], v))
+            del cur[victim]
+        cur[k] = first.get(k, n)
+    for t, k in enumerate(map(int, keys)):
+        if k in cur:
+            hits[t] = True
+            cur[k] = int(nxt[t])
+            continue
+        if len(cur) == capacity:
+            victim = max(cur, key=lambda v: (cur[v], v))
+            if bypass and nxt[t] >= cur[victim]:
+                continue
+            del cur[victim]
+        cur[k] = int(nxt[t])
+    return hits
+
+
+def hot_recent_hits_ref(
+    keys: np.ndarray, capacity: int, initial: np.ndarray, heat: np.ndarray, window: int, nkeys: int
+) -> np.ndarray:
+    """hot-recent: among residents not used in the last ``window`` accesses the lowest
+    ``heat`` leaves; when all are that recent, the least recently used.  Warm keys
+    count as used long ago, in warm order (the last is the most recent)."""
+    hits = np.zeros(len(keys), dtype=bool)
+    if capacity <= 0:
+        return hits
+    m = len(initial)
+    base = -(window + m + 2)
+    last: dict[int, int] = {}
+    for j, k in enumerate(map(int, initial)):
+        if k not in last and len(last) == capacity:
+            del last[min(last, key=last.__getitem__)]
+        last[k] = base + j
+    for t, k in enumerate(map(int, keys)):
+        if k in last:
+            hits[t] = True
+        elif len(last) == capacity:
+            old = [v for v in last if last[v] < t - window]
+            victim = min(old, key=lambda v: int(heat[v])) if old else min(last, key=last.__getitem__)
+            del last[victim]
+        last[k] = t
+    return hits
+
+
+def static_hits(keys: np.ndarray, pinned: np.ndarray, nkeys: int) -> np.ndarray:
+    """Hits of a pinned set: ``keys`` that are in ``pinned``."""
+    member = np.zeros(nkeys, dtype=bool)
+    member[np.asarray(pinned, dtype=np.int64)] = True
+    return member[np.asarray(keys, dtype=np.int64)]
+
+
+def simulate(
+    policy: str,
+    keys: np.ndarray,
+    capacity: int,
+    order: np.ndarray,
+    nkeys: int,
+    *,
+    window: int = 0,
+    reference: bool = False,
+) -> np.ndarray:
+    """``bool [n]`` hits of ``policy`` on ``keys`` (numba kernel unless ``reference``).
+
+    Args:
+        order: candidate keys in increasing heat (planning load); the warm content
+            of every policy is its last ``capacity`` keys, ``static`` pins them and
+            ``hot-recent`` ranks evictions by position in it.
+        window: ``hot-recent``'s recency window in accesses.
+    """
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    capacity = int(max(capacity, 0))
+    warm = order[order.size - min(capacity, order.size) :]
+    if policy not in POLICIES:
+        raise UsageError(f"unknown cache policy {policy!r}; known: {', '.join(POLICIES)}")
+    if keys.size and (keys.min() < 0 or keys.max() >= nkeys):
+        raise UsageError(f"cache keys must lie in [0, {nkeys})")
+    if policy == "static":
+        return static_hits(keys, warm, nkeys)
+    if policy == "hot-recent":
+        # unique heat: keys outside ``order`` are colder than all in it, lower id colder
+        heat = np.arange(nkeys, dtype=np.int64)
+        heat[order] = nkeys + np.arange(order.size)
+        args = (keys, capacity, warm, heat, int(window), int(nkeys))
+        if reference:
+            return hot_recent_hits_ref(*args)
+        from . import _cache_kernels as K
+
+        return K.hot_recent_hits(*args)
+    args = (keys, capacity, warm, int(nkeys))
+    bypass = policy == "belady-bypass"
+    if reference:
+        if policy.startswith("belady"):
+            return belady_hits_ref(*args, bypass)
+        return {"lru": lru_hits_ref, "lfu": lfu_hits_ref}[policy](*args)
+    from . import _cache_kernels as K
+
+    if policy.startswith("belady"):
+        return K.belady_hits(*args, bypass)
+    return {"lru": K.lru_hits, "lfu": K.lfu_hits}[policy](*args)
+
+
+# ---------------------------------------------------------------------------
+# ranks, tiers and reports
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """Hit rates of one policy on one rank (fractions of all accesses)."""
+
+    policy: str
+    accesses: int
+    hbm_hit: float
+    host_hit: float
+
+    @property
+    def nvme_rate(self) -> float:
+        return max(0.0, 1.0 - self.hbm_hit - self.host_hit)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "nvme_rate": self.nvme_rate}
+
+
+@dataclass(frozen=True)
+class RankCache:
+    """One rank's cache layout.
+
+    Attributes:
+        rank: GPU rank; ``node`` its node.
+        layer_start, layer_stop: MoE layer rows ``[start, stop)`` it runs.
+        hbm_slots, host_slots: experts held in HBM and in host DRAM.
+    """
+
+    rank: int
+    node: int
+    layer_start: int
+    layer_stop: int
+    hbm_slots: int
+    host_slots: int
+
+    def __post_init__(self):
+        if not (0 <= self.layer_start <= self.layer_stop):
+            raise UsageError(f"rank {self.rank}: bad layer range [{self.layer_start}, {self.layer_stop})")
+        if min(self.rank, self.node, self.hbm_slots, self.host_slots) < 0:
+            raise UsageError(f"rank {self.rank}: negative field in cache layout")
+
+
+def split_layers(layers: int, ranks: int) -> np.ndarray:
+    """``[ranks + 1]`` boundaries of contiguous layer ranges, sizes differing by at most 1
+    (the first ``layers % ranks`` ranks take one more)."""
+    if ranks < 1:
+        raise UsageError("need at least one rank")
+    base, extra = divmod(layers, ranks)
+    sizes = np.full(ranks, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.concatenate(([0], np.cumsum(sizes)))
+
+
+def rank_keys(trace: np.ndarray, start: int, stop: int, experts: int) -> np.ndarray:
+    """Access stream of layers ``[start, stop)``: token by token, layer by layer."""
+    sub = np.asarray(trace[:, start:stop, :], dtype=np.int64)
+    return (sub + (np.arange(start, stop) * experts)[None, :, None]).ravel()
+
+
+def hot_order(loads: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Keys of layers ``[start, stop)`` in increasing planning load (ties: higher key
+    first, so among equals the lower key counts as hotter)."""
+    E = loads.shape[1]
+    sub = loads[start:stop].ravel()
+    keys = np.arange(start * E, stop * E)
+    order = np.lexsort((-keys, sub))
+    return keys[order]
+
+
+def simulate_rank(
+    trace: np.ndarray,
+    loads: np.ndarray,
+    cache: RankCache,
+    policies: tuple[str, ...] = POLICIES,
+) -> dict[str, TierStats]:
+    """Two-tier hit rates of every policy on one rank's part of a held-out trace.
+
+    Args:
+        trace: ``[tokens, moe_layers, top_k]`` held-out routing.
+        loads: ``[moe_layers, experts]`` planning loads (warm start and static set).
+    """
+    L, E = loads.shape
+    nkeys = L * E
+    keys = rank_keys(trace, cache.layer_start, cache.layer_stop, E)
+    order = hot_order(loads, cache.layer_start, cache.layer_stop)
+    c1 = min(cache.hbm_slots, order.size)
+    c2 = min(cache.host_slots, order.size - c1)
+    # a run continues in the same layer one token later: protect one token's reads
+    # plus one layer's
+    k = trace.shape[2]
+    window = (cache.layer_stop - cache.layer_start) * k + k - 1
+    out = {}
+    for policy in policies:
+        hit1 = simulate(policy, keys, c1, order, nkeys, window=window)
+        miss = keys[~hit1]
+        # tier 2 sees tier 1's misses; its warm content is the next hottest keys
+        hit2 = (
+            simulate(policy, miss, c2, order[: order.size - c1], nkeys, window=window)
+            if c2
+            else np.zeros(miss.size, dtype=bool)
+        )
+        n = max(keys.size, 1)
+        out[policy] = TierStats(policy, int(keys.size), float(hit1.sum() / n), float(hit2.sum() / n))
+    return out

@@ -1,0 +1,243 @@
+"""``make_plan``'s work: mode choice, slot budget, reports (see plan.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import UsageError
+from .cache import ONLINE, POLICIES, RankCache, hot_order, simulate_rank, split_layers
+from .devices import DeviceSet
+from .loads import check_loads, check_trace
+from .placement import balancedness, gpu_loads, lower_bound, plan_placement
+from .plan import (
+    CacheLayout,
+    CachePolicyReport,
+    CacheReport,
+    MoEGeometry,
+    Plan,
+    PlacementReport,
+    placement_slot_limit,
+)
+from .topology import order_bins, traffic
+
+__all__ = ["build_plan", "slot_budget"]
+
+
+def slot_budget(
+    geometry: MoEGeometry, devices: DeviceSet, slots_per_gpu: int | None, redundant: int | None
+) -> np.ndarray:
+    """``[G]`` slots per GPU for placement mode, checked against memory."""
+    G, E = devices.num_gpus, geometry.experts
+    limit = placement_slot_limit(geometry, devices)
+    if slots_per_gpu is not None and redundant is not None:
+        raise UsageError("give slots_per_gpu or redundant, not both")
+    if slots_per_gpu is not None:
+        if not isinstance(slots_per_gpu, (int, np.integer)) or slots_per_gpu < 1:
+            raise UsageError(f"slots_per_gpu must be a positive integer, found {slots_per_gpu!r}")
+        total = int(slots_per_gpu) * G
+    elif redundant is not None:
+        if not isinstance(redundant, (int, np.integer)) or redundant < 0:
+            raise UsageError(f"redundant must be a non-negative integer, found {redundant!r}")
+        total = E + int(redundant)
+    else:
+        total = min(E + E // 8, limit * G, E * G)
+    if total < E:
+        raise UsageError(f"{total} slots per layer cannot hold {E} experts")
+    if total > E * G:
+        raise UsageError(f"{total} slots exceed {E} experts x {G} GPUs (a GPU never holds an expert twice)")
+    base = -(-total // G)
+    if base > limit:
+        need = geometry.dense_bytes + devices.reserved_bytes + base * geometry.expert_layer_bytes
+        raise UsageError(
+            f"{base} expert slots per GPU need {need / 1e9:.1f} GB (dense {geometry.dense_bytes / 1e9:.1f} GB"
+            " + reserved "
+            f"{devices.reserved_bytes / 1e9:.1f} GB + {base} x {geometry.expert_layer_bytes / 1e9:.2f} GB); "
+            f"{devices.device.name} has {devices.device.hbm_bytes / 1e9:.1f} GB, room for {limit} slots"
+        )
+    from .placement import even_slots
+
+    return even_slots(G, total)
+
+
+def build_plan(
+    geometry, devices, loads, *, trace, heldout_trace, slots_per_gpu, redundant, mode, topology, format_id,
+    host_fraction, pcie_efficiency, **planner_options,
+) -> Plan:
+    if not isinstance(geometry, MoEGeometry) or not isinstance(devices, DeviceSet):
+        raise UsageError("make_plan needs a MoEGeometry and a DeviceSet")
+    loads = check_loads(loads, geometry)
+    trace = None if trace is None else check_trace(trace, geometry)
+    heldout_trace = None if heldout_trace is None else check_trace(heldout_trace, geometry)
+    if mode not in ("auto", "placement", "cache"):
+        raise UsageError(f"mode must be auto, placement or cache, found {mode!r}")
+    fits = placement_slot_limit(geometry, devices) * devices.num_gpus >= geometry.experts
+    if mode == "auto":
+        mode = "placement" if fits else "cache"
+    if mode == "placement":
+        if not fits:
+            raise UsageError(
+                f"the experts do not fit in {devices.describe()}: each GPU has room for "
+                f"{placement_slot_limit(geometry, devices)} slots after dense weights and reserved memory"
+            )
+        return _placement_plan(geometry, devices, loads, trace, heldout_trace, slots_per_gpu, redundant, topology,
+                               format_id, planner_options)
+    if slots_per_gpu is not None or redundant is not None or planner_options:
+        raise UsageError("slot budgets and planner options apply to placement mode only")
+    return _cache_plan(geometry, devices, loads, heldout_trace, format_id, host_fraction, pcie_efficiency)
+
+
+def _placement_plan(geometry, devices, loads, trace, heldout, slots_per_gpu, redundant, topology, format_id, opts):
+    spg = slot_budget(geometry, devices, slots_per_gpu, redundant)
+    pl = plan_placement(loads, spg, **opts)
+    domain = devices.gpu_domain()
+    ordered = False
+    if topology and trace is not None and domain.max() > 0:
+        pl = order_bins(pl, domain, trace)
+        ordered = True
+    G, S = devices.num_gpus, int(spg.sum())
+    gl = gpu_loads(pl, loads)
+    lb = lower_bound(loads, G, S)
+    tr = traffic(pl, loads, domain, geometry.top_k, geometry.a2a_bytes_per_copy,
+                 heldout if heldout is not None else trace)
+    report = PlacementReport(
+        total_slots=S,
+        redundant_slots=S - geometry.experts,
+        min_slots_per_gpu=int(spg.min()),
+        max_slots_per_gpu=int(spg.max()),
+        balancedness=balancedness(gl),
+        gap_to_lower_bound=float(gl.max(axis=1).sum() / lb.sum() - 1.0),
+        max_gpu_memory_bytes=int(
+            geometry.dense_bytes + devices.reserved_bytes + spg.max() * geometry.expert_layer_bytes
+        ),
+        hbm_bytes=devices.device.hbm_bytes,
+        remote_domain_fraction=tr.remote_domain_fraction,
+        remote_domains_per_token=tr.remote_domains_per_token,
+        a2a_bytes_per_token=tr.a2a_bytes_per_token,
+        remote_domain_bytes_per_token=tr.remote_domain_bytes_per_token,
+        traffic_source=tr.source,
+        colocated_replicas=pl.colocated_replicas(),
+        topology_ordered=ordered,
+    )
+    assert report.max_gpu_memory_bytes <= devices.device.hbm_bytes
+    return Plan(model=geometry, devices=devices, mode="placement", format_id=format_id, placement=pl,
+                placement_report=report)
+
+
+def _cache_layout(geometry, devices, loads, host_fraction):
+    G, L, E, eb = devices.num_gpus, geometry.moe_layers, geometry.experts, geometry.expert_bytes
+    if not 0 <= host_fraction <= 1:
+        raise UsageError(f"host_fraction must lie in [0, 1], found {host_fraction}")
+    if G > L:
+        raise UsageError(f"cache mode runs whole layers per GPU: {G} GPUs exceed {L} MoE layers")
+    bounds = split_layers(L, G)
+    dense_share = -(-geometry.dense_bytes // G)
+    free = devices.device.hbm_bytes - devices.reserved_bytes - dense_share
+    hbm = free // eb if free > 0 else 0
+    if hbm < geometry.top_k:
+        raise UsageError(
+            f"cache mode: {devices.device.name} keeps {max(free, 0) / 1e9:.1f} GB after reserved memory and "
+            f"{dense_share / 1e9:.1f} GB of dense weights per GPU: {hbm} experts, fewer than one token's "
+            f"{geometry.top_k} in a layer"
+        )
+    per_node = devices.gpus_per_node
+    host = int(devices.host_dram_bytes * host_fraction) // per_node // eb
+    node = devices.gpu_node()
+    ranks, preload = [], []
+    for r in range(G):
+        a, b = int(bounds[r]), int(bounds[r + 1])
+        keys = (b - a) * E
+        c1 = min(hbm, keys)
+        c2 = min(host, keys - c1)
+        ranks.append(RankCache(r, int(node[r]), a, b, int(c1), int(c2)))
+        order = hot_order(loads, a, b)[::-1]  # hottest first
+        for tier, sel in ((0, order[:c1]), (1, order[c1 : c1 + c2])):
+            preload.append(np.stack([np.full(sel.size, r), np.full(sel.size, tier), sel // E, sel % E], axis=1))
+    # NVMe holds every expert a node's ranks run
+    for n in range(devices.nodes):
+        mine = [rc for rc in ranks if rc.node == n]
+        spill = sum((rc.layer_stop - rc.layer_start) * E - rc.hbm_slots - rc.host_slots for rc in mine)
+        need = sum((rc.layer_stop - rc.layer_start) * E for rc in mine) * eb
+        if spill > 0 and not devices.nvme:
+            raise UsageError(
+                f"cache mode: {spill} experts of node {n} fit neither in HBM nor in host DRAM, and no NVMe drives "
+                f"were given"
+            )
+        caps = [d.capacity_bytes for d in devices.nvme]
+        if spill > 0 and caps and all(c is not None for c in caps) and sum(caps) < need:
+            raise UsageError(
+                f"cache mode: node {n} NVMe holds {sum(caps) / 1e12:.2f} TB, its experts need {need / 1e12:.2f} TB"
+            )
+    return bounds, ranks, np.concatenate(preload).astype(np.int64)
+
+
+def _ceilings(devices, ranks, per_rank, k, eb, pcie_efficiency):
+    """Bytes per token and tokens/s ceilings of one policy (docs/planner.md)."""
+    reads = np.array([(rc.layer_stop - rc.layer_start) * k * eb for rc in ranks], dtype=np.float64)
+    nvme_b = reads * np.array([s.nvme_rate for s in per_rank])
+    pcie_b = reads * np.array([1 - s.hbm_hit for s in per_rank])
+    node = np.array([rc.node for rc in ranks])
+    node_b = np.bincount(node, weights=nvme_b, minlength=devices.nodes)
+    bw = devices.nvme_read_bw
+    tps_nvme = min((bw / b if bw > 0 else 0.0) for b in node_b if b > 0) if (node_b > 0).any() else math.inf
+    link = devices.device.host_link_bw * pcie_efficiency
+    tps_pcie = min(link / b for b in pcie_b if b > 0) if (pcie_b > 0).any() else math.inf
+    best = min(tps_nvme, tps_pcie)
+
+    def fin(x):
+        return None if math.isinf(x) else float(x)
+
+    return float(nvme_b.sum()), float(pcie_b.sum()), fin(tps_nvme), fin(tps_pcie), fin(best)
+
+
+def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pcie_efficiency):
+    bounds, ranks, preload = _cache_layout(geometry, devices, loads, host_fraction)
+    k, eb = geometry.top_k, geometry.expert_bytes
+    from .cache import TierStats
+
+    if heldout is not None:
+        per_rank = [simulate_rank(heldout, loads, rc) for rc in ranks]
+        names = POLICIES
+    else:
+        # no trace: the static hot set's share of the planning loads
+        per_rank = []
+        for rc in ranks:
+            sub = loads[rc.layer_start : rc.layer_stop].ravel()
+            tot = sub.sum()
+            srt = np.sort(sub)[::-1]
+            h1 = srt[: rc.hbm_slots].sum() / tot if tot > 0 else 0.0
+            h2 = srt[rc.hbm_slots : rc.hbm_slots + rc.host_slots].sum() / tot if tot > 0 else 0.0
+            per_rank.append({"static": TierStats("static", 0, float(h1), float(h2))})
+        names = ("static",)
+    rows = []
+    for name in names:
+        stats = [pr[name] for pr in per_rank]
+        w = np.array([(rc.layer_stop - rc.layer_start) for rc in ranks], dtype=np.float64)
+        w = w / w.sum()
+        hbm_hit = float(sum(wi * s.hbm_hit for wi, s in zip(w, stats, strict=True)))
+        host_hit = float(sum(wi * s.host_hit for wi, s in zip(w, stats, strict=True)))
+        nvme_b, pcie_b, t_nvme, t_pcie, t_all = _ceilings(devices, ranks, stats, k, eb, pcie_efficiency)
+        rows.append(CachePolicyReport(name, hbm_hit, host_hit, max(0.0, 1 - hbm_hit - host_hit), nvme_b, pcie_b,
+                                      t_nvme, t_pcie, t_all))
+    online = [r for r in rows if r.policy in ONLINE]
+    best = max(online, key=lambda r: (r.hbm_hit, r.host_hit))
+    bel = next((r for r in rows if r.policy == "belady"), None)
+    ratio = (best.hbm_hit / bel.hbm_hit if bel.hbm_hit > 0 else 1.0) if bel else None
+    report = CacheReport(
+        hbm_slots=int(sum(rc.hbm_slots for rc in ranks)),
+        host_slots=int(sum(rc.host_slots for rc in ranks)),
+        active_experts_per_token=geometry.active_experts,
+        simulated=heldout is not None,
+        policies=tuple(rows),
+        best_policy=best.policy,
+        best_over_belady=ratio,
+    )
+    layout = CacheLayout(
+        layer_bounds=bounds,
+        hbm_slots=np.array([rc.hbm_slots for rc in ranks]),
+        host_slots=np.array([rc.host_slots for rc in ranks]),
+        preload=preload,
+        policy=best.policy,
+    )
+    return Plan(model=geometry, devices=devices, mode="cache", format_id=format_id, cache=layout, cache_report=report)

@@ -14,7 +14,13 @@ from .io.reader import Checkpoint, open_checkpoint
 
 
 def open_source(src: str | os.PathLike) -> Checkpoint:
-    """Open a checkpoint folder or ``.safetensors`` file."""
+    """Open a checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``."""
+    from .hub import is_hub_url
+
+    if is_hub_url(str(src)):
+        from .hub import open_hub_checkpoint
+
+        return open_hub_checkpoint(str(src))
     path = Path(src)
     if not path.exists():
         raise NotFoundError(f"no such checkpoint folder or file: {src}")
@@ -28,6 +34,11 @@ def inspect(src: str | os.PathLike, *, scan: bool = False, progress: bool = Fals
 
     with open_source(src) as ckpt:
         report = inspect_checkpoint(ckpt, source=str(src))
+        hub = getattr(ckpt, "hub", None)
+        if hub is not None:
+            import dataclasses
+
+            report = dataclasses.replace(report, extra={**report.extra, "hub": hub.facts()})
         if scan:
             import dataclasses
 

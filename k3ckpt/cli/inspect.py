@@ -54,6 +54,10 @@ def render_report(r, *, tensors=None) -> str:
     if r.unrecognised:
         shown = ", ".join(r.unrecognised[:5]) + (" ..." if len(r.unrecognised) > 5 else "")
         lines.append(f"unrecognised  {len(r.unrecognised)} tensor(s) with role 'other': {shown}")
+    hub = r.extra.get("hub") if r.extra else None
+    if hub:
+        lines.append(f"hub           {hub.get('repo_id', '')}@{hub.get('commit', '')} via {hub.get('endpoint', '')}; "
+                     f"fetched {hub.get('bytes_fetched', 0):,} B")
     for w in r.warnings:
         lines.append(f"warning       {w}")
     if r.scan is not None:

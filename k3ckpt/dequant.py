@@ -65,8 +65,9 @@ def _gptoss_outputs(base: str, experts: int) -> tuple[str, ...]:
 
 def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
     """Group quantized tensors into decodable weights; also list those we cannot decode."""
-    from .formats import get_format
-    from .formats.base import _REGISTRY
+    from .formats import get_format, list_formats
+
+    decodable = {info.id for info in list_formats() if info.can_decode}
 
     profile = detect(ckpt.config, ckpt.tensors.keys())
     groups: dict[tuple[str, str], dict[str, str]] = {}
@@ -75,10 +76,10 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
         tr = profile.classify(name, e.dtype)
         if not tr.quantized:
             continue
-        fmt = _REGISTRY.get(tr.storage)
-        if fmt is None or not fmt.info.can_decode:
+        if tr.storage not in decodable:
             undecodable.append(f"{name} ({tr.storage}: no decoder yet)")
             continue
+        fmt = get_format(tr.storage)
         for part in fmt.info.parts:
             if name.endswith(part.suffix) and len(name) > len(part.suffix):
                 base = name[: len(name) - len(part.suffix)]

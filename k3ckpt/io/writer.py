@@ -19,11 +19,11 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
-from ..errors import DiskSpaceError, OutputExistsError, ShapeError, UsageError
+from ..errors import DiskSpaceError, OutputExistsError, ResumeMismatchError, ShapeError, UsageError
 from . import dtypes
 from .header import build_header, read_header
 
@@ -133,6 +133,13 @@ class ShardedWriter:
 
     ``overwrite=False`` refuses (``OutputExistsError``) when a final shard or
     index name already exists.
+
+    Resuming: ``done_shards`` names shards already final from an earlier run
+    with the same specs (the layout is deterministic, so the names match); their
+    headers are checked against the plan, their tensors are not written again
+    (``needs(name)`` is False) and an existing index is replaced at close.
+    ``on_shard_final(path)`` runs after each shard is renamed to its final name
+    (e.g. to record it in a ``RunManifest``).
     """
 
     def __init__(
@@ -147,6 +154,8 @@ class ShardedWriter:
         write_index: bool | None = None,
         overwrite: bool = False,
         check_free_space: bool = True,
+        done_shards: Collection[str] = (),
+        on_shard_final: Callable[[Path], None] | None = None,
     ):
         from .reader import check_shard_name
 
@@ -211,19 +220,48 @@ class ShardedWriter:
         self._lock = threading.Lock()
         self._closed = False
         self._aborted = False
+        self._on_shard_final = on_shard_final
+        self._resume_done(done_shards)
 
         if not overwrite:
-            finals = [sh.final for sh in self._shards.values()] + ([self.index_path] if self.write_index else [])
+            finals = [sh.final for sh in self._shards.values() if not sh.done]
+            if self.write_index and not done_shards:
+                finals.append(self.index_path)
             existing = [str(p) for p in finals if os.path.lexists(p)]
             if existing:
                 raise OutputExistsError(f"{len(existing)} output file(s) already exist, e.g. {existing[0]}; "
                                         "pass overwrite=True to replace them", file=str(self.dst_dir))
         self.dst_dir.mkdir(parents=True, exist_ok=True)
         if check_free_space:
-            need = sum(sh.file_size for sh in self._shards.values())
+            need = sum(sh.file_size for sh in self._shards.values() if not sh.done)
             free = shutil.disk_usage(self.dst_dir).free
             if need > free:
                 raise DiskSpaceError(f"output needs {need:,} bytes but only {free:,} are free", file=str(self.dst_dir))
+
+    def _resume_done(self, done_shards: Collection[str]) -> None:
+        for name in done_shards:
+            sh = self._shards.get(name)
+            if sh is None:
+                raise ResumeMismatchError(f"earlier run wrote shard {name!r}, which this layout does not have "
+                                          f"(shards: {self.shards[0]} ... {self.shards[-1]})", file=str(self.dst_dir))
+            try:
+                size = sh.final.stat().st_size
+                with open(sh.final, "rb") as f:
+                    prefix = f.read(len(sh.prefix))
+            except FileNotFoundError:
+                raise ResumeMismatchError("earlier run's shard is missing", file=str(sh.final)) from None
+            if size != sh.file_size or prefix != sh.prefix:
+                raise ResumeMismatchError(f"earlier run's shard does not match this layout (size {size:,}, "
+                                          f"expected {sh.file_size:,}, or a different header)", file=str(sh.final))
+            sh.done = True
+            sh.pending.clear()
+            for t in sh.tensors:
+                self._ranges[t] = [[0, self.specs[t].nbytes]] if self.specs[t].nbytes else []
+
+    def needs(self, name: str) -> bool:
+        """Whether tensor ``name`` still has to be written (False once complete or resumed)."""
+        self._spec(name)
+        return not self._shards[self.shard_of[name]].done and not self._complete(name)
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -346,6 +384,8 @@ class ShardedWriter:
         # our strict rules and describe exactly this file.
         h = read_header(sh.final)
         assert h.file_size == sh.file_size and set(h.tensors) == set(sh.tensors), sh.name
+        if self._on_shard_final is not None:
+            self._on_shard_final(sh.final)
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet complete, with the number of bytes still unwritten."""

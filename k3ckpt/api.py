@@ -27,21 +27,22 @@ def open_source(src: str | os.PathLike) -> Checkpoint:
     return open_checkpoint(path)
 
 
-def inspect(src: str | os.PathLike, *, scan: bool = False, progress: bool = False):
-    """Report what ``src`` holds from headers; ``scan=True`` also reads the data
-    (bounded memory) for scale histograms, NaN/Inf counts, zero codes and amax."""
-    from .inspection import inspect_checkpoint
+def inspect(src: str | os.PathLike, *, scan: bool = False, tensors: bool = False, progress: bool = False):
+    """Report what ``src`` holds from headers; ``tensors=True`` lists every
+    tensor with its role; ``scan=True`` also reads the data (bounded memory) for
+    scale histograms, NaN/Inf counts, zero codes and amax."""
+    import dataclasses
+
+    from .inspection import inspect_checkpoint, tensor_rows
 
     with open_source(src) as ckpt:
         report = inspect_checkpoint(ckpt, source=str(src))
         hub = getattr(ckpt, "hub", None)
         if hub is not None:
-            import dataclasses
-
             report = dataclasses.replace(report, extra={**report.extra, "hub": hub.facts()})
+        if tensors:
+            report = dataclasses.replace(report, tensors=tensor_rows(ckpt))
         if scan:
-            import dataclasses
-
             from .scan import scan_checkpoint
 
             report = dataclasses.replace(report, scan=scan_checkpoint(ckpt, progress=progress))

@@ -64,6 +64,27 @@ class LayerInfo:
 
 
 @dataclass(frozen=True)
+class TensorRow:
+    """One tensor as ``inspect --tensors`` lists it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    role: str
+    storage: str
+    bytes: int
+    shard: str
+
+
+def tensor_rows(ckpt: Checkpoint, profile=None) -> tuple[TensorRow, ...]:
+    """Every tensor with its role and storage, in shard and offset order."""
+    profile = profile or detect(ckpt.config, ckpt.tensors.keys())
+    return tuple(TensorRow(name, e.dtype, e.shape, tr.role.value, tr.storage, e.nbytes, e.shard)
+                 for name, e in ckpt.tensors.items()
+                 for tr in (profile.classify(name, e.dtype),))
+
+
+@dataclass(frozen=True)
 class InspectReport:
     source: str
     profile: str
@@ -92,6 +113,7 @@ class InspectReport:
     warnings: tuple[str, ...] = ()
     scan: Any = None                 # k3ckpt.scan.ScanReport when scanned
     extra: dict[str, Any] = field(default_factory=dict)   # e.g. hub bytes fetched
+    tensors: tuple[TensorRow, ...] | None = None           # with inspect(..., tensors=True)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (docs/inspect-json.md)."""
@@ -100,6 +122,8 @@ class InspectReport:
         for key in ("by_role", "by_storage"):
             out[key] = [dict(asdict(b), bits_per_weight=b.bits_per_weight) for b in getattr(self, key)]
         out["scan"] = None if self.scan is None else self.scan.to_json()
+        if self.tensors is None:
+            del out["tensors"]
         return out
 
 
@@ -122,40 +146,54 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
     experts: set[tuple[int, int]] = set()
     routed_bytes = routed_params = total_bytes = params_total = vision_params = 0
 
-    for name, entry in ckpt.tensors.items():
-        tr = profile.classify(name, entry.dtype)
+    # Tensors sharing a name template, dtype, shape and layer share a role and a
+    # size: count them per group and classify each group once (a K3 has
+    # 497,220 tensors in ~2,700 such groups).
+    locate = profile.locate
+    groups: dict[tuple, list] = {}
+    for shard, header in ckpt.headers.items():
+        shard_tensors[shard] = len(header.tensors)
+        for name, info in header.tensors.items():
+            entry, layer, expert = locate(name, info.dtype)
+            key = (entry, layer, info.dtype, info.shape)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [1, name, info.end - info.start]
+            else:
+                g[0] += 1
+            if expert is not None and layer is not None:
+                experts.add((layer, expert))
+            if entry.role is Role.OTHER:
+                unrecognised.append(name)
+
+    for (_, layer, dtype, shape), (count, example, each) in groups.items():
+        tr = profile.classify(example, dtype)
         numel = 1
-        for d in entry.shape:
+        for d in shape:
             numel *= d
-        params = params_of(tr, entry.dtype, numel)
-        nbytes = entry.nbytes
+        params = params_of(tr, dtype, numel) * count
+        nbytes = each * count
         total_bytes += nbytes
         params_total += params
-        shard_tensors[entry.shard] += 1
         for acc, key in ((by_role, tr.role.value), (by_storage, tr.storage)):
             row = acc[key]
-            row[0] += 1
+            row[0] += count
             row[1] += params
             row[2] += nbytes
-        if tr.layer is not None:
-            per_layer_bytes[tr.layer] += nbytes
+        if layer is not None:
+            per_layer_bytes[layer] += nbytes
         if tr.role is Role.ROUTED_EXPERT:
             routed_bytes += nbytes
             routed_params += params
-            if tr.layer is not None:
-                per_layer_expert_params[tr.layer] += params
-                if tr.expert is not None:
-                    experts.add((tr.layer, tr.expert))
-                    per_layer_experts[tr.layer].add(tr.expert)
-                elif len(entry.shape) >= 3 and tr.part in ("blocks", "scales", "weight", "bias"):
+            if layer is not None:
+                per_layer_expert_params[layer] += params
+                if tr.expert is None and len(shape) >= 3 and tr.part in ("blocks", "scales", "weight", "bias"):
                     # fused [E, ...] tensors (gpt-oss): the leading dim counts the experts
-                    for e in range(entry.shape[0]):
-                        experts.add((tr.layer, e))
-                        per_layer_experts[tr.layer].add(e)
+                    experts.update((layer, e) for e in range(shape[0]))
         elif tr.role is Role.VISION:
             vision_params += params
-        elif tr.role is Role.OTHER:
-            unrecognised.append(name)
+    for layer, e in experts:
+        per_layer_experts[layer].add(e)
 
     warnings: list[str] = []
     params_active = None

@@ -412,3 +412,11 @@ def test_repeated_shapes_duplicate_key_inside_entry():
           '"b":{"dtype":"U8","shape":[2],"shape":[2],"data_offsets":[2,4]}}')
     with pytest.raises(InvalidFileError, match="more than once"):
         parse_header_json(js.encode(), source="t")
+
+
+@pytest.mark.parametrize("value", [["a.safetensors"], {"x": 1}, 3, None])
+def test_index_value_that_is_not_a_shard_name(value):
+    from k3ckpt.io.reader import parse_index
+
+    with pytest.raises(InvalidFileError, match="shard name"):
+        parse_index({"weight_map": {"w": value}}, source="idx")

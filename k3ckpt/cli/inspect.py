@@ -68,19 +68,6 @@ def render_report(r, *, tensors=None) -> str:
     return "\n".join(lines)
 
 
-def tensor_rows(src):
-    from ..profiles import detect
-
-    with api.open_source(src) as ckpt:
-        profile = detect(ckpt.config, ckpt.tensors.keys())
-        rows = []
-        for name, e in ckpt.tensors.items():
-            tr = profile.classify(name, e.dtype)
-            rows.append((name, e.dtype, "x".join(map(str, e.shape)) or "scalar", tr.role.value, tr.storage,
-                         f"{e.nbytes:,}", e.shard))
-        return rows
-
-
 @click.command("inspect")
 @click.argument("src")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/inspect-json.md).")
@@ -94,13 +81,11 @@ def command(src, as_json, list_tensors, scan, quiet):
     or a single .safetensors file.
     """
     progress = scan and not quiet and sys.stderr.isatty()
-    report = api.inspect(src, scan=scan, progress=progress)
-    rows = tensor_rows(src) if list_tensors else None
+    report = api.inspect(src, scan=scan, tensors=list_tensors, progress=progress)
     if as_json:
-        out = report.to_json()
-        if rows is not None:
-            keys = ("name", "dtype", "shape", "role", "storage", "bytes", "shard")
-            out["tensors"] = [dict(zip(keys, r)) for r in rows]
-        echo_json(out)
+        echo_json(report.to_json())
     else:
+        rows = None if report.tensors is None else [
+            (t.name, t.dtype, "x".join(map(str, t.shape)) or "scalar", t.role, t.storage, f"{t.bytes:,}", t.shard)
+            for t in report.tensors]
         click.echo(render_report(report, tensors=rows))

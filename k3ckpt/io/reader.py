@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import ItemsView, Mapping, ValuesView
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, NamedTuple, Protocol, runtime_checkable
@@ -34,7 +35,7 @@ from ..errors import (
     UsageError,
 )
 from . import dtypes
-from .header import Header, TensorInfo, loads_strict, read_header
+from .header import Header, TensorInfo, loads_strict, paused_gc, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -228,7 +229,7 @@ def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
         raise InvalidFileError(f"index 'metadata' must be an object, found {type(meta).__name__}", file=source)
     checked: set[str] = set()   # a K3 index names 96 shards 497,220 times
     for tensor, shard in wm.items():
-        if shard in checked:
+        if type(shard) is str and shard in checked:
             continue
         if not isinstance(shard, str):
             raise InvalidFileError(f"weight_map value must be a shard name, found {shard!r}", file=source,
@@ -276,14 +277,32 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source)
         check_shard_name(s, source=index_source)
 
     headers: dict[str, Header] = {}
-    tensors: dict[str, TensorEntry] = {}
+    shard_of: dict[str, str] = {}
+    held = 0
+    with paused_gc():
+        for s in shards:
+            h = read_header(sources[s], source=_label(root, s))
+            headers[s] = h
+            shard_of.update(dict.fromkeys(h.tensors, s))
+            held += len(h.tensors)
+    # Whole-table checks at C speed (a K3 index names 497,220 tensors); the
+    # per-name walk below runs only to name what is wrong.
+    if held != len(shard_of) or (weight_map is not None and shard_of != weight_map):
+        _explain_mismatch(shards, headers, weight_map, root=root, index_source=index_source)
+    used = {s: sources[s] for s in shards}
+    for s, src in sources.items():  # sources the index does not name are not ours to keep open
+        if s not in used:
+            src.close()
+    return Checkpoint(root=root, config=config, index_metadata=index_meta, shards=shards,
+                      headers=headers, tensors=TensorTable(shard_of, headers), sources=used)
+
+
+def _explain_mismatch(shards, headers, weight_map, *, root, index_source) -> None:
+    seen: dict[str, str] = {}
     for s in shards:
-        src = sources[s]
-        h = read_header(src, source=_label(root, s))
-        headers[s] = h
-        for name, info in h.tensors.items():
-            if name in tensors:
-                raise InvalidFileError(f"tensor is in both shard {tensors[name].shard!r} and shard {s!r}",
+        for name in headers[s].tensors:
+            if name in seen:
+                raise InvalidFileError(f"tensor is in both shard {seen[name]!r} and shard {s!r}",
                                        file=_label(root, s), tensor=name)
             if weight_map is not None:
                 listed = weight_map.get(name)
@@ -293,18 +312,66 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source)
                 if listed != s:
                     raise InvalidFileError(f"index lists it in shard {listed!r} but shard {s!r} holds it",
                                            file=index_source, tensor=name)
-            tensors[name] = TensorEntry(info=info, shard=s, data_offset=h.data_start + info.start)
-    if weight_map is not None:
-        for name, s in weight_map.items():
-            if name not in tensors:
-                raise InvalidFileError(f"index lists it in shard {s!r} but that shard's header does not hold it",
-                                       file=index_source, tensor=name)
-    used = {s: sources[s] for s in shards}
-    for s, src in sources.items():  # sources the index does not name are not ours to keep open
-        if s not in used:
-            src.close()
-    return Checkpoint(root=root, config=config, index_metadata=index_meta, shards=shards,
-                      headers=headers, tensors=tensors, sources=used)
+            seen[name] = s
+    for name, s in (weight_map or {}).items():
+        if name not in seen:
+            raise InvalidFileError(f"index lists it in shard {s!r} but that shard's header does not hold it",
+                                   file=index_source, tensor=name)
+    raise AssertionError("tensor table mismatch without a culprit")  # pragma: no cover
+
+
+class TensorTable(Mapping[str, TensorEntry]):
+    """Every tensor of a checkpoint by name, in shard then offset order.
+
+    Entries are made on access from the shard headers, rather than stored: a
+    K3 has 497,220 tensors and most callers look at a few, or walk them once.
+    """
+
+    __slots__ = ("_shard_of", "_headers")
+
+    def __init__(self, shard_of: dict[str, str], headers: dict[str, Header]):
+        self._shard_of = shard_of
+        self._headers = headers
+
+    def __getitem__(self, name: str) -> TensorEntry:
+        s = self._shard_of[name]
+        h = self._headers[s]
+        info = h.tensors[name]
+        return TensorEntry(info, s, h.data_start + info.start)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._shard_of
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shard_of)
+
+    def __len__(self) -> int:
+        return len(self._shard_of)
+
+    def shard_of(self, name: str) -> str:
+        return self._shard_of[name]
+
+    def _walk(self) -> Iterator[tuple[str, TensorEntry]]:
+        for s, h in self._headers.items():
+            start = h.data_start
+            for name, info in h.tensors.items():
+                yield name, TensorEntry(info, s, start + info.start)
+
+    def items(self) -> ItemsView[str, TensorEntry]:
+        return _Items(self)
+
+    def values(self) -> ValuesView[TensorEntry]:
+        return _Values(self)
+
+
+class _Items(ItemsView):
+    def __iter__(self):
+        return self._mapping._walk()
+
+
+class _Values(ValuesView):
+    def __iter__(self):
+        return (e for _, e in self._mapping._walk())
 
 
 def _label(root: Path | None, shard: str) -> str:
@@ -319,7 +386,7 @@ class Checkpoint:
     """An opened checkpoint: headers in memory, tensor data read on request."""
 
     def __init__(self, *, root: Path | None, config: dict | None, index_metadata: dict, shards: list[str],
-                 headers: dict[str, Header], tensors: dict[str, TensorEntry], sources: dict[str, ByteSource]):
+                 headers: dict[str, Header], tensors: Mapping[str, TensorEntry], sources: dict[str, ByteSource]):
         self.root = root
         self.config = config
         self.index_metadata = index_metadata

@@ -95,9 +95,10 @@ def _role_maker():
 _make_role = _role_maker()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Entry:
-    """Everything about a (template, dtype) that does not depend on the indices."""
+    """Everything about a (template, dtype) that does not depend on the indices.
+    (Compared by identity: there is one per template, and it keys hot dicts.)"""
 
     role: Role | None
     fallback: Role          # attention role when the layer's kind is unknown
@@ -157,16 +158,23 @@ class Profile:
 
     # -- classification --------------------------------------------------------
 
-    def classify(self, name: str, dtype: str) -> TensorRole:
-        """The role, indices, part and storage of one tensor from its name and header dtype."""
+    def locate(self, name: str, dtype: str) -> tuple[_Entry, int | None, int | None]:
+        """What ``classify`` knows about the name's template, and its layer and
+        expert numbers, without building a ``TensorRole`` (the cheap half, for
+        walks over every tensor: names sharing template, dtype and layer share
+        a role)."""
         # One regex pass splits text from indices: [text, idx, text, idx, text].
         pieces = _INDEX.split(name)
         key = (tuple(pieces[0::2]), dtype)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._cache[key] = self._entry(".#".join(key[0]), dtype)
-        layer = int(pieces[entry.layer_at]) if entry.layer_at else None
-        expert = int(pieces[entry.expert_at]) if entry.expert_at else None
+        return (entry, int(pieces[entry.layer_at]) if entry.layer_at else None,
+                int(pieces[entry.expert_at]) if entry.expert_at else None)
+
+    def classify(self, name: str, dtype: str) -> TensorRole:
+        """The role, indices, part and storage of one tensor from its name and header dtype."""
+        entry, layer, expert = self.locate(name, dtype)
         role = entry.role
         if role is None:
             kind = self.geometry.attention.get(layer) if (self.geometry and layer is not None) else None

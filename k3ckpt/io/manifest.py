@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..errors import InvalidFileError, OutputExistsError, ResumeMismatchError, UsageError
+from .writer import atomic_write_json
 
 MANIFEST_NAME = "k3ckpt-manifest.json"
 MANIFEST_VERSION = 1
@@ -45,17 +46,6 @@ def sha256_file(path: str | os.PathLike) -> str:
 def _canonical(obj: Any) -> Any:
     """JSON round trip, so tuples and lists (and int-valued keys) compare equal to what was stored."""
     return json.loads(json.dumps(obj, sort_keys=True))
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    data = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 class RunManifest:
@@ -178,7 +168,7 @@ class RunManifest:
         self._save()
 
     def _save(self) -> None:
-        _write_json_atomic(self.path, self._data)
+        atomic_write_json(self.path, self._data, indent=1, sort_keys=True)
 
 
 def _describe_diff(key: str, old: Any, new: Any) -> str:

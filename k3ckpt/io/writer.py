@@ -103,7 +103,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> None:
+    """``obj`` as UTF-8 JSON (plus a newline) under ``path``, atomically."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """``data`` under ``path``: a hidden temporary beside it, fsync, mode 0644,
+    rename; a reader sees the old file or the whole new one, never a part."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.partial")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -417,7 +426,7 @@ class ShardedWriter:
                         self._finalize(sh)
             if self.write_index:
                 index = {"metadata": {"total_size": self.total_size}, "weight_map": dict(self.shard_of)}
-                _atomic_write_bytes(self.index_path,
+                atomic_write_bytes(self.index_path,
                                     (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8"))
         except BaseException:
             self.abort()

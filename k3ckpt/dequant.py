@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .errors import OutputExistsError, UnsupportedError, UsageError
-from .io.dtypes import value_dtype
+from .io.dtypes import lookup, value_dtype
 from .io.reader import Checkpoint
 from .io.writer import ShardedWriter, TensorSpec
 from .profiles import detect
@@ -70,9 +70,15 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
     decodable = {info.id for info in list_formats() if info.can_decode}
 
     profile = detect(ckpt.config, ckpt.tensors.keys())
+    declared = _declared(ckpt, decodable)
     groups: dict[tuple[str, str], dict[str, str]] = {}
     undecodable: list[str] = []
     for name, e in ckpt.tensors.items():
+        hit = _declared_part(declared, name)
+        if hit is not None:
+            storage, base, role = hit
+            groups.setdefault((storage, base), {})[role] = name
+            continue
         tr = profile.classify(name, e.dtype)
         if not tr.quantized:
             continue
@@ -90,7 +96,7 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
     weights = []
     for (storage, base), parts in groups.items():
         fmt = get_format(storage)
-        missing = [p.role for p in fmt.info.parts if p.role not in parts]
+        missing = [r for r in fmt.info.roles if r not in parts]
         if missing:
             undecodable.extend(f"{n} ({storage}: missing part(s) {missing})" for n in parts.values())
             continue
@@ -106,6 +112,30 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
             outputs = (weight,)
         weights.append(DecodedWeight(weight, storage, dict(parts), shape, outputs))
     return weights, undecodable
+
+
+def _declared(ckpt: Checkpoint, decodable: set[str]):
+    """Formats a k3ckpt-written config declares (``k3ckpt.requant.qconfig``): the
+    stored suffixes cannot tell moet-w2 from MXFP4, the config's targets can."""
+    from .formats import get_format
+    from .requant.qconfig import declared_groups
+
+    return [(get_format(fid), pats) for fid, pats in declared_groups(ckpt.config) if fid in decodable]
+
+
+def _declared_part(declared, name: str) -> tuple[str, str, str] | None:
+    """(format id, base, role) when ``name`` is a part of a weight a declared group targets."""
+    from .requant.qconfig import logical_weight_name
+
+    for fmt, pats in declared:
+        hit = fmt.match_name(name)
+        if hit is None:
+            continue
+        base, role = hit
+        weight = logical_weight_name(base, fmt.info.parts[0].suffix)
+        if any(p.fullmatch(weight) for p in pats):
+            return fmt.id, base, role
+    return None
 
 
 def _first_parts(ckpt: Checkpoint, todo: list[DecodedWeight]) -> dict[str, DecodedWeight]:
@@ -167,13 +197,23 @@ def _decode_chunks(ckpt: Checkpoint, w: DecodedWeight) -> Iterator[tuple[int, np
     for r0 in range(0, lead, step):
         r1 = min(lead, r0 + step)
         parts = {}
+        tensor_roles = {t.role for t in fmt.info.tensor_parts}
+        dtype_of = {p.role: p.dtype for p in fmt.info.parts} | {t.role: t.dtype for t in fmt.info.tensor_parts}
         for role, tensor in w.parts.items():
-            part = next(p for p in fmt.info.parts if p.role == role)
-            parts[role] = ckpt.read_rows(tensor, r0, r1).view(part.storage)
+            # per-weight parts (MX2's levels) have a fixed shape: read whole, not by rows
+            raw = ckpt.read_raw(tensor) if role in tensor_roles else ckpt.read_rows(tensor, r0, r1)
+            parts[role] = raw.view(np.dtype(lookup(dtype_of[role]).storage))
         yield r0, fmt.decode(parts, out=np.float32, name=w.weight)
 
 
-def _nan_blocks(ckpt: Checkpoint, w: DecodedWeight, r0: int, r1: int) -> int:
+def _nan_blocks(ckpt: Checkpoint, w: DecodedWeight, r0: int, r1: int, x: np.ndarray) -> int:
+    from .formats import get_format
+
+    info = get_format(w.format).info
+    if info.tensor_parts:
+        # The scale byte alone does not say it (MX2: offset 63, or base + offset past 254):
+        # count the blocks that decoded to NaN.
+        return int(np.count_nonzero(np.isnan(x.reshape(-1, info.block)).any(axis=1)))
     scale = w.parts.get("scale") or w.parts.get("scales")
     if scale is None:
         return 0
@@ -263,7 +303,7 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
                 w = by_first[name]
                 for r0, x in _decode_chunks(ckpt, w):
                     r1 = r0 + x.shape[0]
-                    nan_blocks[w.weight] = nan_blocks.get(w.weight, 0) + _nan_blocks(ckpt, w, r0, r1)
+                    nan_blocks[w.weight] = nan_blocks.get(w.weight, 0) + _nan_blocks(ckpt, w, r0, r1, x)
                     y, changed = _convert(x, out_dtype)
                     if changed:
                         inexact[w.weight] = inexact.get(w.weight, 0) + changed

@@ -9,8 +9,9 @@ from .. import api
 
 def _names():
     from ..fixtures import FIXTURES
+    from ..fixtures.sources import SOURCE_FIXTURES
 
-    return sorted(FIXTURES) + ["k3-virtual"]
+    return sorted(FIXTURES) + sorted(SOURCE_FIXTURES) + ["k3-virtual"]
 
 
 @click.command("fixture")
@@ -30,8 +31,10 @@ def command(name, dst, layers, experts, seed, list_only):
     from ..fixtures import FIXTURES
 
     if list_only or name is None:
-        for key in sorted(FIXTURES):
-            click.echo(f"{key:14s} {FIXTURES[key].description if hasattr(FIXTURES[key], 'description') else FIXTURES[key]}")
+        from ..fixtures.sources import SOURCE_FIXTURES
+
+        for key, spec in sorted({**FIXTURES, **SOURCE_FIXTURES}.items()):
+            click.echo(f"{key:22s} {spec.description}")
         click.echo(f"{'k3-virtual':14s} full-size Kimi K3 headers (96 shards, 497,220 tensors), sparse data")
         return
     if dst is None:

@@ -10,7 +10,7 @@ numba is imported only when a kernel first runs.
 from __future__ import annotations
 
 from .base import Format, FormatInfo, Part, PartSpec, format_table_markdown, get_format, list_formats
-from . import gguf_mxfp4, gptoss, mxfp4, plain  # noqa: E402,F401  (register the built-in formats)
+from . import fp8_block, gguf_mxfp4, gptoss, int4_pack, iq2xs, moet_w2, mx2, mxfp4, nvfp4, plain  # noqa: E402,F401  (register the built-in formats)
 from .e2m1 import count_nan_scales
 
 __all__ = [

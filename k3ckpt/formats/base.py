@@ -6,6 +6,12 @@ bytes per block written as a sum of named fields (``1 + 16`` for MXFP4), and
 the tensors it stores.  Defining the subclass registers it; the rows of all
 registered formats are *the* table (``list_formats``, ``format_table_markdown``).
 
+Most formats store only per-block parts (their size scales with the weight).
+Some also store a few fixed-shape tensors per weight (MX2's level sets and
+exponent base): ``FormatInfo.tensor_parts``.  The base class treats both kinds
+alike in ``part_specs``, ``tensor_names``, ``match_name`` and the decode
+contract; the rows hook receives tensor parts unreshaped.
+
 The base class turns any ``[..., K]`` tensor into ``[rows, K]`` (and each
 stored part into ``[rows, bytes-per-row]``), checks shapes and dtypes against
 the format's part list, and checks what the block-level hooks return.  A
@@ -85,11 +91,14 @@ class FormatInfo:
     can_decode: bool
     bf16_exact: bool                      # decode(out=bfloat16) loses nothing
     spec: str                             # docs page (and anchor) a decoder can be written from
+    tensor_parts: tuple[PartSpec, ...] = ()   # fixed-shape tensors stored once per weight (not per block)
 
     def __post_init__(self) -> None:
         assert self.id and self.id == self.id.strip().lower(), self.id
         assert self.block >= 1 and self.fields and self.parts, self
-        assert len({p.role for p in self.parts}) == len(self.parts), self
+        roles = [p.role for p in self.parts] + [t.role for t in self.tensor_parts]
+        assert len(set(roles)) == len(roles), self
+        assert all(isinstance(t, PartSpec) and t.suffix for t in self.tensor_parts), self
         # The stored parts must hold exactly the bytes the fields add up to.
         assert sum(p.bytes_per_block for p in self.parts) == self.bytes_per_block, self
 
@@ -99,7 +108,18 @@ class FormatInfo:
 
     @property
     def bits_per_weight(self) -> float:
+        """Bits per logical weight from the per-block parts (``tensor_bytes`` come on top, per weight)."""
         return 8 * self.bytes_per_block / self.block
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes stored once per weight whatever its size (the tensor parts)."""
+        return sum(t.nbytes for t in self.tensor_parts)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every stored part's role: block parts, then tensor parts."""
+        return tuple(p.role for p in self.parts) + tuple(t.role for t in self.tensor_parts)
 
     @property
     def fields_text(self) -> str:
@@ -118,6 +138,11 @@ class FormatInfo:
                 {"role": p.role, "suffix": p.suffix, "dtype": p.dtype, "per_block": list(p.per_block)}
                 for p in self.parts
             ],
+            "tensor_parts": [
+                {"role": t.role, "suffix": t.suffix, "dtype": t.dtype, "shape": list(t.shape)}
+                for t in self.tensor_parts
+            ],
+            "tensor_bytes": self.tensor_bytes,
             "can_encode": self.can_encode,
             "can_decode": self.can_decode,
             "bf16_exact": self.bf16_exact,
@@ -208,29 +233,54 @@ class Format:
         """The tensors this format stores for logical shape ``[..., K]``, by role."""
         shape = self.check_logical_shape(shape, name=name)
         lead, nblocks = shape[:-1], shape[-1] // self.info.block
-        return {
+        specs = {
             p.role: PartSpec(p.role, p.suffix, p.dtype, lead + p.trailing(nblocks)) for p in self.info.parts
         }
+        specs.update((t.role, t) for t in self.info.tensor_parts)
+        return specs
 
     def tensor_names(self, base: str) -> dict[str, str]:
         """On-disk tensor names of the parts of weight ``base``, by role
         (``"...w1"`` -> ``{"packed": "...w1.weight_packed", "scale": "...w1.weight_scale"}``)."""
-        return {p.role: base + p.suffix for p in self.info.parts}
+        names = {p.role: base + p.suffix for p in self.info.parts}
+        names.update((t.role, base + t.suffix) for t in self.info.tensor_parts)
+        return names
 
     def match_name(self, tensor_name: str) -> tuple[str, str] | None:
         """``(base, role)`` if ``tensor_name`` is one of this format's parts by its
-        suffix, else None.  A part with an empty suffix matches any name."""
-        for p in self.info.parts:
-            if p.suffix and tensor_name.endswith(p.suffix) and len(tensor_name) > len(p.suffix):
-                return tensor_name[: -len(p.suffix)], p.role
-        for p in self.info.parts:
-            if not p.suffix:
-                return tensor_name, p.role
+        suffix (the longest matching suffix wins), else None.  A part with an
+        empty suffix matches any name."""
+        suffixes = [(p.suffix, p.role) for p in self.info.parts] + [(t.suffix, t.role) for t in self.info.tensor_parts]
+        for suffix, role in sorted(suffixes, key=lambda sr: -len(sr[0])):
+            if suffix and tensor_name.endswith(suffix) and len(tensor_name) > len(suffix):
+                return tensor_name[: -len(suffix)], role
+        for suffix, role in suffixes:
+            if not suffix:
+                return tensor_name, role
         return None
+
+    def sample_parts(self, shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Random stored bytes that form a valid encoding of logical ``shape`` (tests, benchmarks).
+
+        Any bytes are valid in a per-block part; formats whose tensor parts
+        have a restricted domain override ``_sample_tensor_part``."""
+        parts = {}
+        for role, spec in self.part_specs(shape).items():
+            if any(t.role == role for t in self.info.tensor_parts):
+                parts[role] = self._sample_tensor_part(spec, rng)
+                continue
+            storage = np.dtype(lookup_dtype(spec.dtype).storage)
+            raw = rng.integers(0, 256, spec.nbytes, dtype=np.uint8)
+            parts[role] = raw.view(storage).reshape(spec.shape)
+        return parts
+
+    def _sample_tensor_part(self, spec: PartSpec, rng: np.random.Generator) -> np.ndarray:
+        storage = np.dtype(lookup_dtype(spec.dtype).storage)
+        return rng.integers(0, 256, spec.nbytes, dtype=np.uint8).view(storage).reshape(spec.shape)
 
     def logical_shape(self, parts: Mapping[str, np.ndarray], *, name: str | None = None) -> tuple[int, ...]:
         """The logical ``[..., K]`` shape that ``parts`` encode; refuses inconsistent parts."""
-        roles = [p.role for p in self.info.parts]
+        roles = list(self.info.roles)
         if not isinstance(parts, Mapping):
             raise UsageError(f"{self.id} parts must be a dict keyed by {roles}, got {type(parts).__name__}")
         missing = [r for r in roles if r not in parts]
@@ -258,8 +308,9 @@ class Format:
             arr = parts[role]
             got = tuple(np.shape(arr))
             if got != spec.shape:
+                what = "per-tensor part" if role not in (p.role for p in self.info.parts) else "part"
                 raise ShapeError(
-                    f"{self.id} part {role!r}: expected shape {list(spec.shape)} for logical shape "
+                    f"{self.id} {what} {role!r}: expected shape {list(spec.shape)} for logical shape "
                     f"{list(logical)}, found {list(got)}",
                     tensor=name,
                 )
@@ -329,17 +380,20 @@ class Format:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers
-    def _part(self, role: str) -> Part:
+    def _part(self, role: str) -> Part | PartSpec:
         for p in self.info.parts:
             if p.role == role:
                 return p
+        for t in self.info.tensor_parts:
+            if t.role == role:
+                return t
         raise KeyError(role)
 
-    def _storage(self, arr, part: Part, name: str | None) -> np.ndarray:
+    def _storage(self, arr, part: Part | PartSpec, name: str | None) -> np.ndarray:
         """``arr`` viewed as the part's raw storage dtype (value dtypes such as
         bfloat16 are accepted and viewed, never converted)."""
         arr = np.asarray(arr)
-        want = part.storage
+        want = np.dtype(lookup_dtype(part.dtype).storage)
         if arr.dtype == want:
             return arr
         value = lookup_dtype(part.dtype).value
@@ -356,6 +410,8 @@ class Format:
         for p in self.info.parts:
             arr = np.ascontiguousarray(self._storage(parts[p.role], p, name))
             rows[p.role] = arr.reshape(nrows, math.prod(p.trailing(nblocks)))
+        for t in self.info.tensor_parts:  # fixed shape, handed over as stored
+            rows[t.role] = np.ascontiguousarray(self._storage(parts[t.role], t, name))
         return rows
 
     def _shape_parts(self, got: dict[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -364,7 +420,7 @@ class Format:
         out = {}
         for role, spec in specs.items():
             arr = got[role]
-            assert arr.dtype == self._part(role).storage, (self.id, role, arr.dtype)
+            assert arr.dtype == np.dtype(lookup_dtype(spec.dtype).storage), (self.id, role, arr.dtype)
             out[role] = arr.reshape(spec.shape)
         return out
 
@@ -399,14 +455,21 @@ def format_table_markdown() -> str:
     ]
     for info in list_formats():
         stored = "; ".join(
-            f"`{p.role}` {p.dtype} [..., {_trailing_text(p, info.block)}]" for p in info.parts
+            [f"`{p.role}` {p.dtype} [..., {_trailing_text(p, info.block)}]" for p in info.parts]
+            + [f"`{t.role}` {t.dtype} {list(t.shape)} per weight" for t in info.tensor_parts]
         )
         lines.append(
             f"| `{info.id}` | {info.block} | {_bytes_text(info)} "
-            f"| {info.bits_per_weight:g} | {'yes' if info.can_encode else 'no'} | {stored} "
+            f"| {_bpw_text(info)} | {'yes' if info.can_encode else 'no'} | {stored} "
             f"| [{info.spec.split('/')[-1]}]({info.spec.split('/')[-1]}) |"
         )
     return "\n".join(lines)
+
+
+def _bpw_text(info: FormatInfo) -> str:
+    if info.tensor_bytes:
+        return f"{info.bits_per_weight:g} + {info.tensor_bytes} B per weight"
+    return f"{info.bits_per_weight:g}"
 
 
 def _bytes_text(info: FormatInfo) -> str:

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Mapping
-
 import numpy as np
 
-from ..errors import InvalidFileError, ShapeError, UsageError
+from ..errors import InvalidFileError, ShapeError
 from .base import Format, FormatInfo, Part, PartSpec
 from .e2m1 import BLOCK, E2M1_VALUES, E8M0_F32
 from .moet_w2 import check_w2, unpack_codes
@@ -56,7 +54,7 @@ TENSOR_PARTS = (
     PartSpec("levels", ".weight_levels", "U8", (4, 2)),
     PartSpec("exp_base", ".weight_exp_base", "U8", (1,)),
 )
-"""Per-tensor parts: same shape for every weight (the base table knows only per-block parts)."""
+"""Per-tensor parts: same shape for every weight (``FormatInfo.tensor_parts``)."""
 
 
 # --------------------------------------------------------------------- kernels
@@ -162,9 +160,10 @@ def to_mxfp4(packed, scale, levels, exp_base, *, name: str | None = None) -> tup
 class MX2(Format):
     """``k3ckpt-mx2``: per-block selector + exponent offset, four per-tensor E2M1 level sets.
 
-    Besides the per-block parts in ``info.parts`` it stores ``TENSOR_PARTS``
-    (levels, exp_base); ``part_specs``, ``tensor_names``, ``match_name`` and
-    the decode contract include them.
+    Besides the per-block parts it stores ``TENSOR_PARTS`` (levels, exp_base)
+    as the registry's per-tensor parts (``FormatInfo.tensor_parts``), so
+    ``part_specs``, ``tensor_names``, ``match_name`` and the decode contract
+    include them.
     """
 
     info = FormatInfo(
@@ -180,63 +179,16 @@ class MX2(Format):
         can_decode=True,
         bf16_exact=True,
         spec="docs/formats/mx2.md#stored-tensors",
+        tensor_parts=TENSOR_PARTS,
     )
-    tensor_parts = TENSOR_PARTS
 
-    def part_specs(self, shape, *, name: str | None = None) -> dict[str, PartSpec]:
-        specs = super().part_specs(shape, name=name)
-        specs.update({p.role: p for p in TENSOR_PARTS})
-        return specs
-
-    def tensor_names(self, base: str) -> dict[str, str]:
-        names = super().tensor_names(base)
-        names.update({p.role: base + p.suffix for p in TENSOR_PARTS})
-        return names
-
-    def match_name(self, tensor_name: str) -> tuple[str, str] | None:
-        for p in TENSOR_PARTS:
-            if tensor_name.endswith(p.suffix) and len(tensor_name) > len(p.suffix):
-                return tensor_name[: -len(p.suffix)], p.role
-        return super().match_name(tensor_name)
-
-    def _split(self, parts, name):
-        roles = [p.role for p in self.info.parts] + [p.role for p in TENSOR_PARTS]
-        if not isinstance(parts, Mapping):
-            raise UsageError(f"{self.id} parts must be a dict keyed by {roles}, got {type(parts).__name__}")
-        missing = [r for r in roles if r not in parts]
-        extra = sorted(set(parts) - set(roles))
-        if missing or extra:
-            raise UsageError(f"{self.id} stores parts {roles}; missing {missing}, unexpected {extra}", tensor=name)
-        block_parts = {p.role: parts[p.role] for p in self.info.parts}
-        return block_parts, check_side(parts["levels"], parts["exp_base"], name=name)
-
-    def logical_shape(self, parts, *, name: str | None = None) -> tuple[int, ...]:
-        # The base version checks every role of part_specs, which here includes
-        # the per-tensor parts; check those in _split and the block parts here.
-        block_parts, _ = self._split(parts, name)
-        shape = tuple(np.shape(block_parts["packed"]))
-        if not shape:
-            raise ShapeError(f"{self.id} part 'packed' must end in [n*8], found a scalar", tensor=name)
-        if shape[-1] % 8:
-            raise ShapeError(f"{self.id} part 'packed' must end in [n*8], found shape {list(shape)}", tensor=name)
-        logical = shape[:-1] + (4 * shape[-1],)
-        for role, spec in Format.part_specs(self, logical, name=name).items():
-            got = tuple(np.shape(block_parts[role]))
-            if got != spec.shape:
-                raise ShapeError(
-                    f"{self.id} part {role!r}: expected shape {list(spec.shape)} for logical shape "
-                    f"{list(logical)}, found {list(got)}",
-                    tensor=name,
-                )
-            self._storage(block_parts[role], self._part(role), name)
-        return logical
-
-    def _rows(self, parts, shape, name) -> dict[str, np.ndarray]:
-        block_parts, (levels, base) = self._split(parts, name)
-        rows = super()._rows(block_parts, shape, name)
-        rows["levels"] = levels
-        rows["exp_base"] = np.array([base], np.uint8)
-        return rows
+    def _sample_tensor_part(self, spec: PartSpec, rng: np.random.Generator) -> np.ndarray:
+        # Valid side data only: levels rows 1 <= a < b <= 7, exp_base an E8M0 byte 0..254.
+        if spec.role == "levels":
+            rows = [sorted(rng.choice(np.arange(1, 8), 2, replace=False)) for _ in range(4)]
+            return np.array(rows, np.uint8)
+        assert spec.role == "exp_base", spec
+        return np.array([rng.integers(0, 255)], np.uint8)
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         dec = decode_mx2_ref if reference else decode_mx2

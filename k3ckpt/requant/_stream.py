@@ -1,0 +1,159 @@
+"""The data pass of ``requant_checkpoint``: copies, the worker pool, the writer.
+
+Weights are submitted in plan order with at most ``2 x workers`` in flight
+and their outputs written as they come back, in the same order; copies are
+streamed in chunks between them.  Each shard's results are saved in the
+manifest just before the shard is recorded as final, so a resumed run can
+rebuild the report without recomputing finished shards.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from .plan import RequantPlan
+from .results import TensorResult
+
+RESULTS_KEY = "results:"
+
+
+def _shard_results(plan: RequantPlan, writer) -> dict[str, list[int]]:
+    """Shard name -> weights whose last output shard (in layout order) it is."""
+    pos = {n: i for i, n in enumerate(writer.shards)}
+    out: dict[str, list[int]] = {n: [] for n in writer.shards}
+    for w in plan.weights:
+        last = max((writer.shard_of[name] for _, name in w.outputs), key=pos.__getitem__)
+        out[last].append(w.index)
+    return out
+
+
+class _Runner:
+    """Weights computed in order, by a spawn process pool (``workers`` > 1) or in-process,
+    with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
+
+    def __init__(self, ckpt, weights, workers: int, src_path: str | None):
+        from . import worker as wk
+
+        self._wk = wk
+        self._ckpt = ckpt
+        self._src_path = src_path
+        self._queue = iter(weights)
+        self._pending: deque = deque()
+        self._pool = _pool(workers, src_path, len(weights))
+        for _ in range(1 if self._pool is None else 2 * workers):
+            self._submit()
+
+    def _submit(self) -> None:
+        w = next(self._queue, None)
+        if w is None:
+            return
+        if self._pool is None:
+            self._pending.append(("now", w))
+            return
+        arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
+        self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays)))
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def ready(self) -> bool:
+        """The next result is already computed (never true in-process: it is computed on demand)."""
+        return bool(self._pending) and self._pending[0][0] == "fut" and self._pending[0][1].done()
+
+    def next(self):
+        kind, item = self._pending.popleft()
+        got = self._wk.compute(self._ckpt, item) if kind == "now" else item.result()
+        self._submit()
+        return got
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool) -> dict[int, TensorResult]:
+    """Results of ``weights`` without writing anything (the ``--target-bpw`` measurement pass)."""
+    from tqdm import tqdm
+
+    out: dict[int, TensorResult] = {}
+    by_index = {w.index: w for w in weights}
+    runner = _Runner(ckpt, weights, workers, src_path)
+    try:
+        with tqdm(total=sum(w.in_bytes for w in weights), unit="B", unit_scale=True, desc="measure",
+                  disable=not progress) as bar:
+            while runner:
+                index, _, res = runner.next()
+                out[index] = res
+                bar.update(by_index[index].in_bytes)
+    finally:
+        runner.close()
+    return out
+
+
+def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, TensorResult], *, done_shards,
+           workers: int, src_path: str | None, progress: bool, max_shard_bytes: int, resume: bool,
+           on_result=None) -> list[str]:
+    """Write every output tensor of ``plan`` into ``dst``; fills ``results``; returns the shard names."""
+    from tqdm import tqdm
+
+    from ..io.writer import ShardedWriter
+
+    def on_final(path: Path) -> None:
+        # Results first, then the record: a shard listed as final always has its results saved.
+        manifest.put(RESULTS_KEY + path.name, [results[i].to_dict() for i in per_shard[path.name]])
+        manifest.record(path.name)
+
+    with ShardedWriter(dst, list(plan.specs), max_shard_bytes=max_shard_bytes, done_shards=done_shards,
+                       on_shard_final=on_final, overwrite=resume) as writer:
+        per_shard = _shard_results(plan, writer)
+        todo = [w for w in plan.weights
+                if any(writer.needs(n) for _, n in w.outputs) or w.index not in results]
+        total = sum(writer.specs[n].nbytes for n in plan.copies if writer.needs(n)) + sum(w.in_bytes for w in todo)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="requant", disable=not progress, smoothing=0.1)
+        runner = _Runner(ckpt, todo, workers, src_path)
+
+        def drain_one() -> None:
+            index, parts, res = runner.next()
+            w = plan.weights[index]
+            results[index] = res
+            for role, name in w.outputs:
+                if writer.needs(name):
+                    writer.write(name, np.ascontiguousarray(parts[role]))
+            bar.update(w.in_bytes)
+            if on_result is not None:
+                on_result(res)
+
+        try:
+            # Copies go in source order while the pool works; weights drain in plan order.
+            for name in plan.copies:
+                if not writer.needs(name):
+                    continue
+                offset = 0
+                for chunk in ckpt.iter_chunks(name):
+                    writer.write_chunk(name, offset, chunk)
+                    offset += len(chunk)
+                    bar.update(len(chunk))
+                while runner.ready():
+                    drain_one()
+            while runner:
+                drain_one()
+        finally:
+            runner.close()
+            bar.close()
+        return list(writer.shards)
+
+
+def _pool(workers: int, src_path: str | None, tasks: int):
+    if workers <= 1 or tasks <= 1:
+        return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from . import worker as wk
+
+    # spawn: no fork of a parent holding open files, threads and numba state
+    return ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=multiprocessing.get_context("spawn"),
+                               initializer=wk.init_worker, initargs=(src_path,))

@@ -1,0 +1,236 @@
+"""``k3ckpt requant``: the streaming, resumable conversion (docs/requant.md).
+
+``requant_checkpoint(ckpt, dst, ...)`` plans from headers (``plan.py``), then
+streams: every output tensor has a fixed place in a fixed shard layout
+(``ShardedWriter``), copies go through in chunks, and requantized weights are
+computed by a process pool (``worker.py``) at most ``2 x workers`` at a time,
+so memory stays at about that many expert tensors whatever the checkpoint
+size.  Results are written in plan order, so the bytes never depend on the
+worker count or on timing.
+
+Resume: ``k3ckpt-manifest.json`` (``RunManifest``) records the job's options
+and source, each final shard with its sha256, and the per-weight results of
+the weights whose outputs lie in that shard.  A rerun with ``resume=True``
+skips final shards (``done_shards``) and recomputes only what is missing;
+the output is byte-identical to an uninterrupted run.  Different options or
+another source: ``ResumeMismatchError``.  Nothing partial ever carries a final
+name (the writer's temporaries are hidden ``.*.partial`` files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UsageError
+from .plan import DEFAULT_FORMAT, RequantPlan, parse_experts, parse_tensor_types, plan_requant
+from .results import TensorResult
+
+JOB = "requant"
+_SHARD_BYTES = 5_000_000_000
+
+
+@dataclass(frozen=True)
+class RequantResult:
+    """What a run did (or, with ``dry_run``, would do)."""
+
+    dst: str
+    dry_run: bool
+    plan: RequantPlan
+    results: tuple[TensorResult, ...]     # one per planned weight, in plan order (empty for a dry run)
+    copied: int                           # source tensors copied byte for byte
+    shards: tuple[str, ...]               # output shard file names
+    resumed_shards: tuple[str, ...]       # shards an earlier run had finished
+    seconds: float
+    estimated_seconds: float
+    report: str | None                    # folder holding requant_report.{json,md,svg}
+    allocation: dict | None = None        # --target-bpw: Allocation.to_dict() (kept names, achieved bpw)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Average bits per weight over the results (requantized and, with --target-bpw, kept);
+        over the plan for a dry run."""
+        if self.results:
+            p = sum(r.params for r in self.results)
+            return 8.0 * sum(r.bytes for r in self.results) / p if p else 0.0
+        p = self.plan.params
+        return 8.0 * self.plan.out_bytes / p if p else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "dst": self.dst, "dry_run": self.dry_run, "weights": len(self.plan.weights),
+            "params": self.plan.params, "bytes_in": self.plan.in_bytes, "bytes_out": self.plan.out_bytes,
+            "total_bytes": self.plan.total_bytes, "bits_per_weight": self.bits_per_weight,
+            "copied": self.copied, "kept": list(self.plan.kept), "shards": list(self.shards),
+            "resumed_shards": list(self.resumed_shards), "seconds": self.seconds,
+            "estimated_seconds": self.estimated_seconds, "report": self.report, "allocation": self.allocation,
+            "plan": [w.to_dict() for w in self.plan.weights] if self.dry_run else [],
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+def _source_identity(ckpt) -> dict:
+    """What makes the source this source: shard names and sizes, config (for the manifest)."""
+    shards = {s: ckpt.shard_size(s) for s in ckpt.shards}
+    config = json.dumps(ckpt.config, sort_keys=True) if ckpt.config is not None else None
+    import hashlib
+
+    return {"shards": shards, "tensors": len(ckpt.tensors),
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None}
+
+
+def _local_path(ckpt) -> str | None:
+    """A path pool workers can reopen the source from (None for remote sources)."""
+    if getattr(ckpt, "hub", None) is not None or ckpt.root is None:
+        return None
+    root = Path(ckpt.root)
+    if (root / "model.safetensors.index.json").is_file() or len(ckpt.shards) > 1:
+        return str(root)
+    return str(root / ckpt.shards[0])
+
+
+def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None, tensor_type=(),
+                       workers: int | None = None, dry_run: bool = False, resume: bool = False,
+                       report_path=None, progress: bool = True, max_shard_bytes: int = _SHARD_BYTES,
+                       source_label: str | None = None, target_bpw: float | None = None,
+                       on_result: Callable[[TensorResult], None] | None = None) -> RequantResult:
+    """Write ``dst``: ``ckpt`` with its routed-expert MXFP4 weights in ``format``.
+
+    ``format``: ``moet-w2`` (refit), ``moet-w2:keep-scales``, ``k3ckpt-mx2``, or
+    another registered format; ``experts``: a regex on logical weight names or
+    a list of projections; ``tensor_type``: ``[(regex, format)]`` overrides
+    (first match wins; ``keep`` leaves a weight in MXFP4).  ``target_bpw``:
+    measure every selected weight first, then keep in MXFP4 those whose error
+    per extra byte is largest so the average meets the target (``allocate.py``).
+    ``on_result`` is called in the parent after each weight's result is written
+    (in plan order).
+    """
+    t0 = time.perf_counter()
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 1:
+        raise UsageError(f"workers must be >= 1, found {workers}")
+    plan = plan_requant(ckpt, format=format, experts=experts, tensor_type=tensor_type)
+    estimate = plan.estimated_seconds(workers)
+    if target_bpw is not None:
+        low = 8.0 * plan.out_bytes / plan.params if plan.params else 0.0
+        if not (float(target_bpw) >= low - 1e-9):   # also refuses NaN
+            raise UsageError(f"--target-bpw {target_bpw} is below what {format} needs ({low:.4f}), "
+                             "the least any allocation can reach")
+    if dry_run:
+        return RequantResult(str(dst), True, plan, (), len(plan.copies), (), (), time.perf_counter() - t0,
+                             estimate, None)
+    dst = Path(dst)
+    if ckpt.root is not None and dst.resolve() == Path(ckpt.root).resolve():
+        raise UsageError("destination is the source folder; choose a new folder", file=str(dst))
+
+    from ..io.manifest import MANIFEST_NAME, RunManifest
+
+    rx, projections = parse_experts(experts)
+    options = {"format": format, "experts": rx, "projections": sorted(projections) if projections else None,
+               "tensor_type": [[r, c.spec] for r, c in parse_tensor_types(tensor_type)],
+               "max_shard_bytes": max_shard_bytes, "target_bpw": target_bpw}
+    manifest = RunManifest.begin(dst, job=JOB, options=options, source=_source_identity(ckpt), resume=resume)
+    allocation = None
+    kept_results: list[TensorResult] = []
+    source_order = {w.name: w.index for w in plan.weights}
+    if target_bpw is not None:
+        plan, allocation, kept_results = _allocate(ckpt, plan, manifest, target_bpw, workers=workers,
+                                                   progress=progress, format=format, experts=experts,
+                                                   tensor_type=tensor_type)
+    done = [n for n in manifest.records if n.endswith(".safetensors") and manifest.done(n)]
+    results: dict[int, TensorResult] = {}
+    by_name = {w.name: w.index for w in plan.weights}
+    from ._stream import RESULTS_KEY, stream
+
+    for shard in done:
+        for d in manifest.get(RESULTS_KEY + shard, []):
+            r = TensorResult.from_dict(d)
+            if r.name in by_name:
+                results[by_name[r.name]] = r
+
+    shards = stream(ckpt, plan, dst, manifest, results, done_shards=done, workers=workers,
+                    src_path=_local_path(ckpt), progress=progress, max_shard_bytes=max_shard_bytes,
+                    resume=resume, on_result=on_result)
+    ordered = tuple(sorted([results[w.index] for w in plan.weights] + kept_results,
+                           key=lambda r: source_order[r.name]))
+    _finish_side_files(ckpt, dst, plan, manifest)
+    report = _write_report(ordered, Path(report_path) if report_path else dst, source_label or str(ckpt.root),
+                           format, options)
+    for p in sorted(dst.iterdir()):
+        if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME and p.name not in manifest.records:
+            manifest.record(p.name)
+    elapsed = time.perf_counter() - t0
+    manifest.finish(weights=len(ordered), params=plan.params, bytes_out=plan.out_bytes,
+                    bits_per_weight=8.0 * plan.out_bytes / plan.params if plan.params else 0.0)
+    return RequantResult(str(dst), False, plan, ordered, len(plan.copies), tuple(shards), tuple(done), elapsed,
+                         estimate, report, allocation)
+
+
+def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool, **plan_kw):
+    """Measure every planned weight, choose which stay MXFP4, and re-plan with them kept.
+
+    The choice is stored in the manifest, so a resumed run does not measure again."""
+    from ._stream import measure
+    from .allocate import Candidate, allocate
+    from .metrics import ErrorStats
+
+    saved = manifest.get("allocation")
+    if saved is None:
+        measured = measure(ckpt, list(plan.weights), workers=workers, src_path=_local_path(ckpt),
+                           progress=progress)
+        cands = []
+        for unit, ws in plan.units().items():
+            rs = [measured[w.index] for w in ws]
+            cands.append(Candidate(unit, sum(w.params for w in ws), sum(w.in_bytes for w in ws),
+                                   sum(r.bytes for r in rs), sum(r.stats.count * r.stats.err_rms ** 2 for r in rs)))
+        alloc = allocate(cands, target_bpw)
+        kept = [measured[w.index] for unit in sorted(alloc.keep) for w in plan.units()[unit]]
+        saved = {**alloc.to_dict(), "kept_results": [r.to_dict() for r in kept]}
+        manifest.put("allocation", saved)
+    kept_units = set(saved["keep"])
+    keep_names = {w.name for unit, ws in plan.units().items() if unit in kept_units for w in ws}
+    by_name = {w.name: w for w in plan.weights}
+    kept_results = []
+    for d in saved["kept_results"]:
+        r = TensorResult.from_dict(d)
+        w = by_name[r.name]
+        exact = ErrorStats(count=r.stats.count, nonfinite=0, snr_db=float("inf"), rel_mse=0.0, rel_rms=0.0,
+                           mean_bias=0.0, bias_rel_rms=0.0, max_abs=0.0, cosine=1.0, ref_rms=r.stats.ref_rms,
+                           err_rms=0.0)
+        kept_results.append(TensorResult(
+            name=r.name, layer=r.layer, expert=r.expert, projection=r.projection, format=w.source_format,
+            method=None, params=r.params, bytes=w.in_bytes, stats=exact, max_row_bias=0.0,
+            source_zero_fraction=r.source_zero_fraction, code_histogram=(), scale_changes=None))
+    new_plan = plan_requant(ckpt, keep=keep_names, **plan_kw)
+    allocation = {k: v for k, v in saved.items() if k != "kept_results"}
+    return new_plan, allocation, kept_results
+
+
+def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
+    """config.json with the new quantization_config, and the side files (tokenizer, ...)."""
+    from ..dequant import _is_weight_file, _write_json_atomic, copy_side_files
+    from ..io.manifest import MANIFEST_NAME
+    from .qconfig import build_config, with_config
+
+    # Always a config.json: without one a reader could not tell moet-w2 parts from MXFP4's.
+    qc = build_config(ckpt.config, plan.groups())
+    _write_json_atomic(dst / "config.json", with_config(ckpt.config or {}, qc))
+    src_root = Path(ckpt.root) if ckpt.root is not None and Path(ckpt.root).is_dir() else None
+    if getattr(ckpt, "hub", None) is None:
+        copy_side_files(src_root, dst, skip=lambda n: _is_weight_file(n) or n == MANIFEST_NAME
+                        or n.startswith("requant_report."))
+
+
+def _write_report(results: tuple[TensorResult, ...], folder: Path, source: str, format: str,
+                  options: dict) -> str | None:
+    if not results:
+        return None
+    from .report import write_report
+
+    formats = tuple(dict.fromkeys([format] + [f for _, f in options.get("tensor_type", [])]))
+    write_report(results, folder, meta={"source": source, "formats": formats, "options": options})
+    return str(folder)

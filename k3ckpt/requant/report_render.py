@@ -1,0 +1,204 @@
+"""Text renderings of a ``RequantReport``: markdown for the report folder, plain text for terminals.
+
+Both take the report object only (no file access) and return a string; the
+CLI prints it and ``write_report`` stores it.  Numbers use one formatting
+throughout: SNR in dB with 2 decimals, relative figures in 3 significant
+digits, bias relative to the source RMS with its sign.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Aggregate, RequantReport
+
+SUMMARY_HEADERS = ("group", "tensors", "params", "bytes", "bits/weight", "SNR dB", "rel RMS",
+                   "bias/RMS", "max abs err", "max row bias")
+
+
+def fmt_db(v: float) -> str:
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.2f}"
+
+
+def fmt_g(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    if math.isinf(v) or math.isnan(v):
+        return str(v)
+    return f"{v:+.3g}" if signed else f"{v:.3g}"
+
+
+def fmt_count(n: int | float) -> str:
+    n = float(n)
+    for unit in ("", "K", "M", "B", "T"):
+        if abs(n) < 1000 or unit == "T":
+            return f"{n:.0f}" if unit == "" else f"{n:.2f}{unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def fmt_bytes(n: int | float) -> str:
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _summary_cells(label: str, a: Aggregate) -> list[str]:
+    return [label, f"{a.tensors:,}", fmt_count(a.params), fmt_bytes(a.bytes), f"{a.bpw:.4f}", fmt_db(a.snr_db),
+            fmt_g(a.rel_rms), fmt_g(a.bias_rel_rms, signed=True), fmt_g(a.max_abs), fmt_g(a.max_row_bias)]
+
+
+def summary_rows(report: RequantReport) -> list[list[str]]:
+    """Overall, then each format and each projection (only when there is more than one)."""
+    rows = [_summary_cells("all", report.overall)]
+    for section, label in (("by_format", "format"), ("by_projection", "projection")):
+        groups = getattr(report, section)
+        if len(groups) > 1 or (groups and groups[0].tensors != report.overall.tensors):
+            rows += [_summary_cells(f"{label} {a.key[0]}", a) for a in groups]
+    return rows
+
+
+def layer_rows(report: RequantReport) -> list[list[str]]:
+    experts: dict[int, list[Aggregate]] = defaultdict(list)
+    for a in report.by_expert:
+        experts[a.key[0]].append(a)
+    rows = []
+    for a in report.by_layer:
+        ex = experts.get(a.key[0], [])
+        lowest = min(ex, key=lambda e: e.snr_db) if ex else None
+        rows.append([str(a.key[0]), f"{len(ex):,}", f"{a.tensors:,}", fmt_count(a.params), f"{a.bpw:.4f}",
+                     fmt_db(a.snr_db),
+                     "-" if lowest is None else f"{fmt_db(lowest.snr_db)} (expert {lowest.key[1]})",
+                     fmt_g(a.rel_rms), fmt_g(a.bias_rel_rms, signed=True), fmt_g(a.max_abs)])
+    return rows
+
+
+LAYER_HEADERS = ("layer", "experts", "tensors", "params", "bits/weight", "SNR dB", "lowest expert SNR dB",
+                 "rel RMS", "bias/RMS", "max abs err")
+WORST_HEADERS = ("rank", "layer", "expert", "SNR dB", "rel RMS", "bias/RMS", "max abs err", "max row bias",
+                 "params", "bits/weight")
+
+
+def worst_rows(report: RequantReport) -> list[list[str]]:
+    return [[str(i + 1), str(a.key[0]), str(a.key[1]), fmt_db(a.snr_db), fmt_g(a.rel_rms),
+             fmt_g(a.bias_rel_rms, signed=True), fmt_g(a.max_abs), fmt_g(a.max_row_bias), fmt_count(a.params),
+             f"{a.bpw:.4f}"] for i, a in enumerate(report.worst_experts)]
+
+
+def code_line(a: Aggregate) -> str | None:
+    """'code 0: 12.0%, ...' for the output code histogram, or None without one."""
+    total = sum(a.code_histogram)
+    if not a.code_histogram or total == 0:
+        return None
+    return ", ".join(f"code {i}: {100.0 * c / total:.1f}%" for i, c in enumerate(a.code_histogram))
+
+
+# ---------------------------------------------------------------- markdown
+
+def _md_cell(v: Any) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
+    out = ["| " + " | ".join(_md_cell(h) for h in headers) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _md_code(s: str) -> str:
+    return f"`` {s} ``" if "`" in s else f"`{s}`"
+
+
+def render_markdown(report: RequantReport, *, svg_name: str | None = "requant_report.svg") -> str:
+    """The ``requant_report.md`` text; ``svg_name`` is the picture linked (None: no link)."""
+    m = report.meta
+    o = report.overall
+    lines = ["# k3ckpt requant report", ""]
+    src = _md_code(m.source) + (f" (commit {_md_code(m.source_commit)})" if m.source_commit else "")
+    lines += [
+        f"- source: {src}",
+        f"- formats: {', '.join(_md_code(f) for f in m.formats) or '-'}",
+        f"- k3ckpt {m.k3ckpt_version}; options: {_md_code(json.dumps(dict(m.options), sort_keys=True))}",
+        f"- {o.tensors:,} tensors, {o.params:,} weights, {o.bytes:,} bytes written "
+        f"({o.bpw:.4f} bits per weight); SNR pooled from error and signal energies",
+        "",
+        "## Summary",
+        "",
+        md_table(summary_rows(report), SUMMARY_HEADERS),
+        "",
+    ]
+    extra = []
+    codes = code_line(o)
+    if codes:
+        extra.append(f"- output codes: {codes}")
+    extra.append(f"- zero codes in the source: {100.0 * o.zero_fraction:.2f}%")
+    if o.scale_changes is not None:
+        extra.append(f"- block scales changed from the source: {o.scale_changes:,}")
+    if o.nonfinite:
+        extra.append(f"- values left out as NaN/inf: {o.nonfinite:,}")
+    lines += extra + [""]
+    if svg_name:
+        lines += ["## Picture", "", f"![layer x expert SNR heatmap and per-tensor SNR histogram]({svg_name})", ""]
+    if report.worst_experts:
+        lines += [f"## Worst experts ({len(report.worst_experts)} lowest SNR)", "",
+                  md_table(worst_rows(report), WORST_HEADERS), ""]
+    if report.by_layer:
+        lines += ["## Per layer", "", md_table(layer_rows(report), LAYER_HEADERS), ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- terminal
+
+def text_table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Fixed-width table: first column left-aligned, the rest right-aligned."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def render_text(report: RequantReport) -> str:
+    """Summary lines and the worst experts, for a terminal."""
+    m = report.meta
+    o = report.overall
+    lines = [
+        f"source        {m.source}" + (f" @ {m.source_commit}" if m.source_commit else ""),
+        f"formats       {', '.join(m.formats) or '-'} (k3ckpt {m.k3ckpt_version})",
+        f"overall       {o.tensors:,} tensors, {fmt_count(o.params)} weights, {fmt_bytes(o.bytes)}, "
+        f"{o.bpw:.4f} bits/weight",
+        f"error         SNR {fmt_db(o.snr_db)} dB, rel RMS {fmt_g(o.rel_rms)}, bias/RMS "
+        f"{fmt_g(o.bias_rel_rms, signed=True)}, max abs {fmt_g(o.max_abs)}, max row bias {fmt_g(o.max_row_bias)}",
+    ]
+    codes = code_line(o)
+    if codes:
+        lines.append(f"codes         {codes}")
+    if o.scale_changes is not None:
+        lines.append(f"scales        {o.scale_changes:,} block scale(s) changed from the source")
+    if o.nonfinite:
+        lines.append(f"nonfinite     {o.nonfinite:,} value(s) left out as NaN/inf")
+    lines += ["", text_table(summary_rows(report), SUMMARY_HEADERS)]
+    if report.by_layer:
+        snrs = [a for a in report.by_layer]
+        lo = min(snrs, key=lambda a: a.snr_db)
+        hi = max(snrs, key=lambda a: a.snr_db)
+        lines += ["", f"layers        {len(snrs)}: SNR from {fmt_db(lo.snr_db)} dB (layer {lo.key[0]}) "
+                      f"to {fmt_db(hi.snr_db)} dB (layer {hi.key[0]})"]
+    if report.worst_experts:
+        lines += ["", f"worst {len(report.worst_experts)} experts (of {len(report.by_expert):,})",
+                  text_table(worst_rows(report), WORST_HEADERS)]
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""Requantize one weight, and the process-pool side of ``k3ckpt requant``.
+
+``requant_weight`` is the whole per-weight job: check the MXFP4 source,
+encode it in the target format, decode both and measure the error with the
+shared metric (``k3ckpt.requant.metrics.error_stats``), and return the new
+parts with a ``TensorResult``.  ``run_task`` is what pool workers execute:
+each worker opens the source checkpoint once by path (``init_worker``) and
+reads only the weight it is given, so memory stays at about one expert
+tensor per worker and nothing large is pickled on the way in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import NaNScaleError
+from .results import TensorResult
+
+_CKPT = None   # this worker process's open source checkpoint (see init_worker)
+
+
+def _code_histogram(fmt, parts) -> tuple[int, ...]:
+    """Counts per 2-bit code value for formats whose ``packed`` part holds 2 bits per weight."""
+    from .tensor_stats import code_histogram
+
+    packed = next((p for p in fmt.info.parts if p.role == "packed"), None)
+    if packed is None or packed.dtype != "U8" or packed.bytes_per_block * 4 != fmt.info.block:
+        return ()
+    return code_histogram(parts["packed"])
+
+
+def _encode(fmt, method: str | None, packed, scale, name: str):
+    if hasattr(fmt, "from_mxfp4"):
+        if method is None:
+            return fmt.from_mxfp4(packed, scale, name=name)
+        return fmt.from_mxfp4(packed, scale, method=method, name=name)
+    from ..formats import get_format
+
+    # Formats that encode from floats: the decoded MXFP4 values are their input.
+    src = get_format("mxfp4-pack-quantized").decode({"packed": packed, "scale": scale}, name=name)
+    return fmt.encode(src, name=name)
+
+
+def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: str | None = None, *,
+                   name: str, layer: int | None = None, expert: int | None = None,
+                   projection: str | None = None) -> tuple[dict[str, np.ndarray], TensorResult]:
+    """MXFP4 pair layout (packed U8 [N, K/2], scale U8 [N, K/32]) -> ``format`` parts and the result record.
+
+    Raises ``NaNScaleError`` (naming the weight) for E8M0 0xFF scales and
+    ``ShapeError`` for arrays that do not fit 32-element blocks."""
+    from ..formats import get_format
+    from . import tensor_stats
+    from .metrics import error_stats
+    from .moet import check_mxfp4
+
+    p, s = check_mxfp4(packed, scale, name=name)
+    nan = int(np.count_nonzero(s == 0xFF))
+    if nan:
+        raise NaNScaleError(f"{nan} block(s) have the E8M0 scale 0xFF (NaN); a NaN block has no "
+                            "2-bit encoding", tensor=name)
+    fmt = get_format(format)
+    parts = _encode(fmt, method, p, s, name)
+    src = get_format("mxfp4-pack-quantized").decode({"packed": p, "scale": s}, name=name)
+    out = fmt.decode(parts, name=name)
+    stats = error_stats(src, out)
+    top = tensor_stats.max_row_bias(src, out)
+    max_row_bias = 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
+    zeros = tensor_stats.zero_codes(p)
+    scale_changes = int(np.count_nonzero(parts["scale"] != s)) if (format == "moet-w2" and method == "refit") else None
+    result = TensorResult(
+        name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,
+        params=int(src.size), bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,
+        max_row_bias=max_row_bias, source_zero_fraction=zeros / (2 * p.size) if p.size else 0.0,
+        code_histogram=_code_histogram(fmt, parts), scale_changes=scale_changes)
+    return parts, result
+
+
+def read_source(ckpt, w) -> tuple[np.ndarray, np.ndarray]:
+    """The MXFP4 pair-layout (packed [N, K/2], scale [N, K/32]) of planned weight ``w``."""
+    n, k = w.shape
+    if w.expert_slice is None:
+        packed = ckpt.read_raw(w.packed)
+        scale = ckpt.read_raw(w.scale)
+    else:
+        e = w.expert_slice
+        packed = ckpt.read_rows(w.packed, e, e + 1)
+        scale = ckpt.read_rows(w.scale, e, e + 1)
+    return (np.ascontiguousarray(packed).view(np.uint8).reshape(n, k // 2),
+            np.ascontiguousarray(scale).view(np.uint8).reshape(n, k // 32))
+
+
+def compute(ckpt, w, arrays=None):
+    """(index, parts, result) of planned weight ``w``, read from ``ckpt`` unless ``arrays`` are given."""
+    packed, scale = arrays if arrays is not None else read_source(ckpt, w)
+    parts, result = requant_weight(packed, scale, w.format, w.method, name=w.name, layer=w.layer,
+                                   expert=w.expert, projection=w.projection)
+    return w.index, parts, result
+
+
+def init_worker(src_path: str | None) -> None:
+    """Pool initializer: open the source once per worker process (None: tasks carry their arrays)."""
+    global _CKPT
+    if src_path is not None:
+        from ..io.reader import open_checkpoint
+
+        _CKPT = open_checkpoint(src_path)
+
+
+def run_task(w, arrays=None):
+    """Pool entry point (module level, so the spawn start method can import it)."""
+    return compute(_CKPT, w, arrays)

@@ -1,0 +1,102 @@
+"""``k3ckpt requant`` and ``k3ckpt formats`` through the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k3ckpt.cli.main import main
+from k3ckpt.formats import list_formats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(capsys, *args):
+    rc = main(list(map(str, args)))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_formats_table_and_json(capsys):
+    rc, out, _ = cli(capsys, "formats")
+    assert rc == 0
+    for info in list_formats():
+        assert info.id in out
+    assert "moet-w2" in out and "from mxfp4" in out
+    rc, out, _ = cli(capsys, "formats", "--json")
+    rows = json.loads(out)
+    assert rc == 0 and [r["id"] for r in rows] == [i.id for i in list_formats()]
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["moet-w2"]["bits_per_weight"] == 2.25 and by_id["moet-w2"]["from_mxfp4"] is True
+    assert by_id["k3ckpt-mx2"]["tensor_bytes"] == 9 and by_id["bf16"]["from_mxfp4"] is False
+
+
+def test_requant_dry_run_then_run(capsys, k3_tiny, tmp_path):
+    dst = tmp_path / "out"
+    rc, out, _ = cli(capsys, "requant", k3_tiny, dst, "--dry-run", "--format", "k3ckpt-mx2")
+    assert rc == 0 and "nothing written" in out and "k3ckpt-mx2" in out and not dst.exists()
+    rc, out, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "--quiet")
+    assert rc == 0, err
+    assert "72 weight(s) requantized, 2.2500 bpw" in out and "requant_report.md" in out
+    assert (dst / "requant_report.json").is_file() and (dst / "config.json").is_file()
+    rc, _, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "--quiet")
+    assert rc == 2 and "--resume" in err and "OutputExistsError" in err
+    rc, _, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "--quiet", "--resume",
+                     "--format", "moet-w2:keep-scales")
+    assert rc == 2 and "ResumeMismatchError" in err
+    rc, out, _ = cli(capsys, "requant", k3_tiny, tmp_path / "j", "--workers", "1", "--json",
+                     "--experts", "down", "--tensor-type", r"experts\.0\.=moet-w2:keep-scales")
+    doc = json.loads(out)
+    assert rc == 0 and doc["weights"] == 24 + 6 and len(doc["results"]) == 30
+    assert {r["method"] for r in doc["results"]} == {"refit", "keep-scales"}
+
+
+@pytest.mark.parametrize("args, kind", [
+    (["--format", "nope"], "NotFoundError"),
+    (["--format", "moet-w2:fancy"], "UsageError"),
+    (["--tensor-type", "noequals"], "UsageError"),
+    (["--experts", "(unclosed"], "UsageError"),
+    (["--workers", "0"], "UsageError"),
+    (["--target-bpw", "2.0"], "UsageError"),
+])
+def test_requant_usage_errors(capsys, k3_tiny, tmp_path, args, kind):
+    rc, _, err = cli(capsys, "requant", k3_tiny, tmp_path / "x", *args)
+    assert rc == 2 and kind in err and not (tmp_path / "x").exists()
+
+
+def test_resume_after_kill(k3_tiny, tmp_path):
+    """A process killed (SIGKILL) mid-run leaves hidden temporaries; --resume gives the same bytes."""
+    code = (
+        "import os, signal, sys\n"
+        "from k3ckpt.io.reader import open_checkpoint\n"
+        "from k3ckpt.requant.pipeline import requant_checkpoint\n"
+        "n = []\n"
+        "def hook(r):\n"
+        "    n.append(r)\n"
+        "    if len(n) == 50: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "with open_checkpoint(sys.argv[1]) as c:\n"
+        "    requant_checkpoint(c, sys.argv[2], workers=1, progress=False, max_shard_bytes=1_500_000, on_result=hook)\n"
+    )
+    dst = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", code, str(k3_tiny), str(dst)], env=env, cwd=ROOT)
+    assert p.returncode == -signal.SIGKILL
+    assert not (dst / "config.json").exists() and list(dst.glob(".*.partial"))   # the kill left temporaries
+    from k3ckpt.io.reader import open_checkpoint
+    from k3ckpt.requant.pipeline import requant_checkpoint
+
+    with open_checkpoint(k3_tiny) as c:
+        requant_checkpoint(c, dst, workers=1, progress=False, max_shard_bytes=1_500_000, resume=True)
+        requant_checkpoint(c, tmp_path / "clean", workers=1, progress=False, max_shard_bytes=1_500_000)
+    assert not list(dst.glob(".*"))
+
+    def files(d):
+        return {p.name: p.read_bytes() for p in d.iterdir() if p.name != "k3ckpt-manifest.json"}
+
+    assert files(dst) == files(tmp_path / "clean")

@@ -408,7 +408,7 @@ def device_set_from_dict(data: dict, *, file: str | None = None) -> DeviceSet:
         nvme = data.get("nvme", ())
         if isinstance(nvme, str):
             drives = parse_nvme(nvme)
-        elif isinstance(nvme, list):
+        elif isinstance(nvme, (list, tuple)):
             drives = []
             for d in nvme:
                 if not isinstance(d, dict) or set(d) - {"count", "read_gbps", "capacity"} or "read_gbps" not in d:

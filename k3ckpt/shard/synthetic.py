@@ -172,7 +172,8 @@ def window_probs(pop: Popularity, seed: int, window: int, model: SkewModel = Ske
     probs = np.zeros(pop.base.shape)
     for t in range(pop.topic.shape[0]):
         probs += mix[t] * inclusion_probs(pop.base + pop.topic[t] + drift, pop.top_k)
-    return probs
+    # an expert saturated in every topic sums to 1 + rounding; binomial draws refuse p > 1
+    return np.minimum(probs, 1.0)
 
 
 def window_loads(

@@ -1,0 +1,204 @@
+"""``k3ckpt plan SRC --devices SPEC``: expert placement or an NVMe expert cache.
+
+Thin over ``k3ckpt.planning.plan``: parses the options, prints a summary (or
+``--json``) and writes the plan (docs/plan-json.md) with ``-o``.  The summary holds
+no timings, so the same inputs print the same text (docs/examples/ are checked by a
+test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from .render import human_bytes, table
+
+
+def _gb(n) -> str:
+    return human_bytes(n)
+
+
+def _rate(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _tps(x) -> str:
+    return "unbounded" if x is None else f"{x:,.2f}"
+
+
+def _layer_ranges(ids, bounds) -> str:
+    parts = []
+    for r in range(len(bounds) - 1):
+        a, b = int(bounds[r]), int(bounds[r + 1])
+        parts.append(f"rank {r}: {ids[a]}-{ids[b - 1]}" if b > a else f"rank {r}: none")
+    return "; ".join(parts)
+
+
+def _row(label: str, text: str) -> str:
+    return f"{label:<16} {text}"
+
+
+def render_plan(p) -> str:
+    """The readable summary of a ``Plan`` (deterministic: no paths, no timings)."""
+    m, d = p.model, p.devices
+    if p.mode == "placement":
+        dense = f"{_gb(m.dense_bytes)} (non-expert weights) on every GPU"
+    elif m.dense_bytes:
+        dense = f"{_gb(m.dense_bytes)} (non-expert weights) split over the pipeline ranks"
+    else:
+        dense = "none on the GPUs (kept in host DRAM, see the notes)"
+    lines = [
+        _row("model", f"{m.model_id or '(unnamed)'}: {m.moe_layers} MoE layers x {m.experts} experts, top-{m.top_k}"),
+        _row("experts", f"{m.expert_bytes:,} B each in {p.format_id}; all routed experts "
+                        f"{_gb(m.expert_bytes * m.experts * m.moe_layers)}"),
+        _row("dense", dense),
+        _row("devices", f"{d.describe()}; HBM {_gb(d.device.hbm_bytes)} per GPU, reserved {_gb(d.reserved_bytes)}; "
+                        f"host DRAM {_gb(d.host_dram_bytes)} per node"),
+    ]
+    if p.mode == "placement":
+        r = p.placement_report
+        lines += [
+            _row("mode", "placement: every expert fits in HBM"),
+            _row("slots", f"{r.total_slots} per layer ({r.redundant_slots} redundant), {r.min_slots_per_gpu}-"
+                          f"{r.max_slots_per_gpu} per GPU; colocated replicas {r.colocated_replicas}"),
+            _row("balancedness", f"{r.balancedness:.5f} (sum of mean / sum of max GPU load, planning loads)"),
+            _row("gap to bound", f"{r.gap_to_lower_bound * 100:.4f} % above the lower bound"),
+            _row("memory per GPU", f"{_gb(r.max_gpu_memory_bytes)} of {_gb(r.hbm_bytes)} (dense + reserved + "
+                                   f"{r.max_slots_per_gpu} slots x {m.moe_layers} layers x {m.expert_bytes:,} B)"),
+            _row("remote dispatch", f"{r.remote_domain_fraction:.4f} of expert copies leave the scale-up domain; "
+                                    f"{r.remote_domains_per_token:.2f} remote domains per token (over all layers)"),
+            _row("all-to-all", f"{_gb(r.a2a_bytes_per_token)} per token (dispatch + combine), "
+                               f"{_gb(r.remote_domain_bytes_per_token)} of it across domains; traffic from "
+                               f"{r.traffic_source}" + ("; GPUs ordered by co-activation" if r.topology_ordered else "")),
+        ]
+    else:
+        c, r = p.cache, p.cache_report
+        active = m.top_k * (c.layer_bounds[1:] - c.layer_bounds[:-1])
+        lines += [
+            _row("mode", "cache: the experts do not fit in HBM; per rank an HBM tier, a host-DRAM tier, NVMe"),
+            _row("layers", f"{_layer_ranges(m.layer_ids, c.layer_bounds)} (pipeline ranks)"),
+        ]
+        rows = []
+        for g in range(len(c.hbm_slots)):
+            keys = int(c.layer_bounds[g + 1] - c.layer_bounds[g]) * m.experts
+            rest = keys - int(c.hbm_slots[g]) - int(c.host_slots[g])
+            rows.append((g, f"{int(c.hbm_slots[g]):,}", _gb(int(c.hbm_slots[g]) * m.expert_bytes),
+                         f"{int(c.host_slots[g]):,}", _gb(int(c.host_slots[g]) * m.expert_bytes),
+                         f"{rest:,}", f"{int(active[g])}"))
+        lines += ["", table(rows, ["rank", "HBM experts", "HBM bytes", "host experts", "host bytes",
+                                   "NVMe experts", "active/token"]), ""]
+        how = "simulated on the held-out trace" if r.simulated else "static hot set estimated from the loads"
+        prow = [(x.policy, f"{x.hbm_hit:.4f}", f"{x.host_hit:.4f}", f"{x.nvme_rate:.4f}",
+                 _gb(x.nvme_bytes_per_token), _gb(x.pcie_bytes_per_token), _tps(x.tokens_per_s))
+                for x in r.policies]
+        lines += [_row("hit rates", f"fractions of all expert reads, {how}"), "",
+                  table(prow, ["policy", "HBM hit", "host hit", "NVMe", "NVMe bytes/token", "PCIe bytes/token",
+                               "tokens/s"]), ""]
+        best = r.policy(r.best_policy)
+        ratio = "" if r.best_over_belady is None else f"; {r.best_over_belady:.4f} of Belady's HBM hit rate"
+        lines += [
+            _row("best policy", f"{r.best_policy}{ratio}"),
+            _row("NVMe", f"{_gb(best.nvme_bytes_per_token)} per token; node read {_gb(d.nvme_read_bw)}/s"),
+            _row("tokens/s", f"ceiling {_tps(best.tokens_per_s)} (NVMe {_tps(best.tokens_per_s_nvme)}, "
+                             f"PCIe {_tps(best.tokens_per_s_pcie)})"),
+        ]
+    lines += [_row("note", n) for n in p.notes]
+    return "\n".join(lines)
+
+
+def summary_dict(p) -> dict:
+    """``--json``: the plan without its large arrays."""
+    d = p.to_dict()
+    for key in ("placement", "cache"):
+        d.pop(key, None)
+    return d
+
+
+def write_plan(p, path: str | os.PathLike) -> Path:
+    """Write ``p.to_json()`` atomically (temporary file in the same folder, fsync, rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(p.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act):
+    from ..errors import UsageError
+    from ..shard.devices import load_device_set, parse_devices
+
+    if (devices is None) == (device_file is None):
+        raise UsageError("give --devices SPEC (e.g. 64xGB200) or --device-file FILE, one of the two")
+    if device_file is not None:
+        if any(x is not None for x in (nvme, host_dram, reserve_kv, reserve_act)):
+            raise UsageError("--nvme, --host-dram and --reserve-* go with --devices; put them in the device file")
+        return load_device_set(device_file)
+    return parse_devices(devices, nvme=nvme, host_dram=host_dram, reserved_kv=reserve_kv or 0,
+                         reserved_act=reserve_act or 0)
+
+
+def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads,
+                      trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, **_ignored):
+    """What the command runs, from its parsed options (``src`` may also be a
+    ``MoEGeometry``: the docs examples are checked this way without a checkpoint)."""
+    from .. import planning
+
+    ds = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
+    return planning.plan(src, ds, format_id=format_id, loads=loads, trace=trace, heldout=heldout,
+                         redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense, model_id=model_id,
+                         seed=seed)
+
+
+@click.command("plan")
+@click.argument("src")
+@click.option("--devices", "devices", metavar="SPEC", help="Device set: COUNTxNAME (64xGB200, 2xRTX-5090) "
+              "or NODESxGPUSxNAME (2x8xH100); docs/devices.md.")
+@click.option("--device-file", type=click.Path(dir_okay=False), help="Device-set file (.json / .toml).")
+@click.option("--nvme", metavar="SPEC", help="NVMe drives per node: COUNTxGBPS[@CAPACITY], e.g. 2x14@4TB.")
+@click.option("--host-dram", metavar="SIZE", help="Host DRAM per node, e.g. 512GB.")
+@click.option("--reserve-kv", metavar="SIZE", help="HBM per GPU kept for the KV cache.")
+@click.option("--reserve-act", metavar="SIZE", help="HBM per GPU kept for activations.")
+@click.option("--format", "format_id", default="mxfp4-pack-quantized", show_default=True,
+              help="On-device expert format (sets the bytes per expert); see `k3ckpt formats`.")
+@click.option("--loads", type=click.Path(dir_okay=False), help="Per-expert loads [moe_layers, experts]: "
+              ".npy, .json or .csv (default: synthetic).")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Routing trace [tokens, moe_layers, top_k] .npy.")
+@click.option("--heldout", type=click.Path(dir_okay=False), help="Held-out trace for traffic and cache "
+              "simulation (default: --trace).")
+@click.option("--redundant", type=int, help="Redundant expert slots per layer (placement mode).")
+@click.option("--slots-per-gpu", type=int, help="Expert slots per GPU (placement mode).")
+@click.option("--mode", type=click.Choice(["auto", "placement", "cache"]), default="auto", show_default=True)
+@click.option("--dense", type=click.Choice(["hbm", "host"]), default="hbm", show_default=True,
+              help="Where the non-expert weights live.")
+@click.option("--model-id", help="Model name recorded in the plan (default: hub id or config name).")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the synthetic loads and trace.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (plan.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the plan without its arrays).")
+def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads, trace, heldout,
+            redundant, slots_per_gpu, mode, dense, model_id, seed, output, as_json):
+    """Place the experts of SRC on a device set, or lay out an expert cache.
+
+    SRC is a checkpoint folder, a .safetensors file or an hf:// URL (headers only
+    are read). With every expert fitting in HBM the plan is a placement
+    (EPLB-compatible arrays); otherwise an HBM / host-DRAM / NVMe cache with
+    simulated hit rates.
+    """
+    p = plan_from_options(src, devices=devices, device_file=device_file, nvme=nvme, host_dram=host_dram,
+                          reserve_kv=reserve_kv, reserve_act=reserve_act, format_id=format_id, loads=loads,
+                          trace=trace, heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode,
+                          dense=dense, model_id=model_id, seed=seed)
+    if output:
+        write_plan(p, output)
+    if as_json:
+        out = summary_dict(p)
+        out["output"] = str(output) if output else None
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(render_plan(p))
+        click.echo(f"\nwrote {output}" if output else "\n(plan not written; give -o plan.json)")

@@ -1,0 +1,81 @@
+"""``k3ckpt shard SRC DST --plan plan.json``: per-rank files and NVMe expert packs from a plan."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .render import echo_json, human_bytes, table
+
+
+def _ranks(text: str | None):
+    if text is None:
+        return None
+    out = set()
+    try:
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+    except ValueError:
+        from ..errors import UsageError
+
+        raise UsageError(f"--ranks takes rank ids and ranges like 0,2-5, found {text!r}") from None
+    return sorted(out)
+
+
+def load_plan(path: str):
+    from ..errors import NotFoundError
+    from ..shard.plan import Plan
+
+    p = Path(path)
+    if not p.is_file():
+        raise NotFoundError("no such plan file", file=str(p))
+    return Plan.from_json(p.read_bytes())
+
+
+@click.command("shard")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--plan", "plan_path", required=True, metavar="PLAN.json", help="A plan from `k3ckpt plan`.")
+@click.option("--layout", type=click.Choice(["k3ckpt", "moet"]), default="k3ckpt", show_default=True,
+              help="Expert pack layout: k3ckpt (verbatim source records) or moet (vLLM-Moet 2.25-bpw pack).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in DST.")
+@click.option("--ranks", metavar="LIST", default=None, help="Write only these ranks, e.g. 0-7 (default: all).")
+@click.option("--ckpt-id", default=None, help="moet: the pack identity's ckpt_id (set VLLM_MOE_W2_CKPT_ID to it).")
+@click.option("--tag", default="base", show_default=True, help="moet: pack tag.")
+@click.option("--zero-mode", type=click.Choice(["auto", "sign", "alt"]), default="auto", show_default=True,
+              help="moet: the runtime's VLLM_MOE_W2_ZERO_MODE (identity only; MXFP4 keeps zero signs).")
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="moet: TP ranks per pipeline stage (one pack each; K3 kernels exist for TP4 and TP8).")
+@click.option("--max-shard-size", "max_shard", default="5GB", show_default=True, help="Safetensors shard size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode, tp, max_shard, as_json, quiet):
+    """Write DST from SRC as PLAN says: rank-NNNNN/ folders (safetensors + index), NVMe
+    expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md)."""
+    from .. import api
+    from ..shard.devices import parse_bytes
+    from ..shard.materialize import shard_checkpoint
+
+    plan = load_plan(plan_path)
+    with api.open_source(src) as ckpt:
+        r = shard_checkpoint(ckpt, plan, dst, layout=layout, resume=resume, ranks=_ranks(ranks),
+                             progress=not quiet and sys.stderr.isatty(), ckpt_id=ckpt_id, tag=tag,
+                             zero_mode=zero_mode, tp=tp, max_shard_bytes=parse_bytes(max_shard, "--max-shard-size"))
+    if as_json:
+        from dataclasses import asdict
+
+        echo_json(asdict(r))
+        return
+    click.echo(f"wrote {r.dst}: {r.mode} plan, layout {r.layout}, {len(r.ranks)} rank(s), {len(r.files)} file(s), "
+               f"{human_bytes(r.bytes_written)}" + (f" ({r.files_resumed} kept from the earlier run)"
+                                                    if r.files_resumed else ""))
+    rows = [(s.rank, s.folder, s.tensors, s.experts, s.pack or "-", s.pack_records) for s in r.ranks[:16]]
+    click.echo(table(rows, ["rank", "folder", "tensors", "experts", "pack", "records"], "rllrlr"))
+    if len(r.ranks) > 16:
+        click.echo(f"... {len(r.ranks) - 16} more rank(s)")
+    if r.layout == "moet":
+        click.echo("moet packs are in moet-store/: point VLLM_MOE_W2_STORE_DIR at it and set VLLM_MOE_W2_CKPT_ID "
+                   "to the ckpt_id in rank-*/rank.json")

@@ -1,0 +1,210 @@
+"""What ``k3ckpt shard`` needs to know about a source checkpoint, from headers alone.
+
+Routed experts are grouped per (layer, expert) by the model profile; everything
+else is "dense".  Layers are 0-indexed decoder layers, as in plan.json's
+``layer_ids``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedError, UsageError
+from ..io.reader import Checkpoint
+from ..profiles import detect
+from ..profiles.roles import Role
+
+__all__ = ["SourceModel", "read_source"]
+
+MXFP4_PAIR = "mxfp4-pack-quantized"
+_FIRST_RANK_ROLES = (Role.EMBEDDING, Role.VISION)
+
+
+@dataclass(frozen=True, eq=False)
+class SourceModel:
+    """Source facts for sharding.
+
+    Attributes:
+        storage: storage id of the routed experts (e.g. ``mxfp4-pack-quantized``).
+        layers: MoE layers, ascending.  experts: routed experts per layer.
+        expert_bytes: bytes of one expert (all its tensors).
+        num_hidden_layers: decoder layers (config), for the moet pack's ``n_layers``.
+        intermediate, hidden: gate/up rows and their width (MXFP4 pair layout only, else 0).
+        dense: every non-expert tensor, source order.
+    """
+
+    storage: str
+    layers: tuple[int, ...]
+    experts: int
+    expert_bytes: int
+    num_hidden_layers: int
+    intermediate: int
+    hidden: int
+    dense: tuple[str, ...]
+    _ckpt: Checkpoint = field(repr=False)
+    _groups: dict = field(repr=False)          # (layer, expert) -> ((name, projection, part), ...) source order
+    _parts: dict = field(repr=False)           # (layer, expert) -> {(projection, part): name}
+    _index: dict = field(repr=False)           # name -> source position
+    _where: dict = field(repr=False)           # dense name -> (layer | None, role)
+
+    # -- experts ------------------------------------------------------------------
+    def expert_entries(self, key) -> tuple[tuple[str, str, str], ...]:
+        return self._groups[tuple(key)]
+
+    def expert_name(self, key, part) -> str:
+        """The source tensor of ``part`` (a ``PartSpec``: projection, part) for expert ``key``."""
+        try:
+            return self._parts[tuple(key)][(part.projection, part.part)]
+        except KeyError:
+            raise ShapeError(f"expert (layer {key[0]}, expert {key[1]}) has no {part.projection} {part.part} "
+                             "tensor, unlike the pack's first expert") from None
+
+    def mxfp4_triple(self, key, arrays: dict):
+        """((gate packed, scale), (up ...), (down ...)) of an MXFP4 pair-layout expert."""
+        p = self._parts[tuple(key)]
+        out = []
+        for proj in ("gate", "up", "down"):
+            packed, scale = arrays[p[(proj, "packed")]], arrays[p[(proj, "scale")]]
+            out.append((packed.view(np.uint8), scale.view(np.uint8)))
+        return tuple(out)
+
+    def moet_slot_bytes(self) -> int:
+        """Bytes of one expert in the runtime's 2.25 representation (TP 1)."""
+        i, h = self.intermediate, self.hidden
+        return 3 * i * h // 4 + 3 * i * h // 32
+
+    # -- dense --------------------------------------------------------------------
+    def nbytes(self, name: str) -> int:
+        return self._ckpt.entry(name).nbytes
+
+    def dense_for_stage(self, moe_layers, *, first: bool, last: bool) -> tuple[str, ...]:
+        """Dense tensors of a pipeline stage running ``moe_layers``: decoder layers after the
+        previous stage's last MoE layer up to its own last one (all remaining ones on the
+        last stage); embeddings and vision on the first stage, other non-layer tensors on
+        the last."""
+        moe_layers = list(moe_layers)
+        if not moe_layers:
+            return ()
+        i = self.layers.index(moe_layers[0])
+        lo = self.layers[i - 1] if i > 0 else -1
+        hi = moe_layers[-1]
+        out = []
+        for name in self.dense:
+            layer, role = self._where[name]
+            if layer is None:
+                keep = first if role in _FIRST_RANK_ROLES else last
+            else:
+                keep = lo < layer <= hi or (last and layer > hi) or (first and layer <= lo)
+            if keep:
+                out.append(name)
+        return tuple(out)
+
+    # -- ordering -----------------------------------------------------------------
+    def units(self) -> list[tuple[int, str, object]]:
+        """``(source position, 'dense' | 'expert', name | key)`` in source order."""
+        out = [(self._index[n], "dense", n) for n in self.dense]
+        out += [(min(self._index[n] for n, _, _ in g), "expert", k) for k, g in self._groups.items()]
+        out.sort(key=lambda t: t[0])
+        return out
+
+    def spec_order(self, dense, experts) -> list[str]:
+        """Tensor names of a rank in file order: source order, except that a layer's experts
+        come together (where the layer's first expert tensor is) in the given order."""
+        anchor: dict[int, int] = {}
+        for (layer, _), g in self._groups.items():
+            pos = min(self._index[n] for n, _, _ in g)
+            anchor[layer] = min(anchor.get(layer, pos), pos)
+        rows = [(self._index[n], 0, 0, n) for n in dense]
+        for i, key in enumerate(experts):
+            for j, (n, _, _) in enumerate(self._groups[tuple(key)]):
+                rows.append((anchor[key[0]], 1 + i, j, n))
+        rows.sort(key=lambda t: t[:3])
+        return [r[3] for r in rows]
+
+    def identity(self) -> dict:
+        """What a resumed run must find unchanged: tensor layout and shard sizes (not paths)."""
+        h = hashlib.sha256()
+        for name, e in self._ckpt.tensors.items():
+            h.update(f"{name}\0{e.dtype}\0{list(e.shape)}\0{e.shard}\0{e.data_offset}\n".encode())
+        return {"tensors": len(self._ckpt.tensors), "layout_sha256": h.hexdigest(),
+                "shards": {s: self._ckpt.shard_size(s) for s in self._ckpt.shards}}
+
+
+def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceModel:
+    """Group the checkpoint's routed experts; with ``moet`` also check they are MXFP4 pairs
+    of the runtime's shapes (gate/up ``[I, H]``, down ``[H, I]``; split ``tp`` ways)."""
+    profile = detect(ckpt.config, ckpt.tensors.keys())
+    roles = {n: profile.classify(n, e.dtype) for n, e in ckpt.tensors.items()}
+    groups_raw: dict = {}   # as profiles.experts.expert_groups, without classifying twice
+    for n, r in roles.items():
+        if r.role is Role.ROUTED_EXPERT and r.layer is not None:
+            groups_raw.setdefault((r.layer, r.expert), []).append(n)
+    if not groups_raw:
+        raise UnsupportedError("the checkpoint has no routed experts that k3ckpt recognises",
+                               file=str(ckpt.root) if ckpt.root else None)
+    if any(k[1] is None for k in groups_raw):
+        raise UnsupportedError("fused all-expert tensors (gpt-oss style) cannot be split per expert by shard yet")
+    index = {n: i for i, n in enumerate(ckpt.tensors)}
+    groups, parts = {}, {}
+    storages = set()
+    for key, names in groups_raw.items():
+        g = tuple((n, roles[n].projection or "", roles[n].part) for n in sorted(names, key=index.__getitem__))
+        groups[key] = g
+        parts[key] = {(proj, part): n for n, proj, part in g}
+        if len(parts[key]) != len(g):
+            raise UnsupportedError(f"expert (layer {key[0]}, expert {key[1]}) has two tensors of one part")
+        storages.update(roles[n].storage for n in names)
+    layers = tuple(sorted({k[0] for k in groups}))
+    experts = {layer: sorted(e for (l2, e) in groups if l2 == layer) for layer in layers}
+    E = len(experts[layers[0]])
+    for layer in layers:
+        if experts[layer] != list(range(E)):
+            raise UnsupportedError(f"layer {layer} has experts {experts[layer][:3]}...; shard needs experts "
+                                   f"0..{E - 1} in every MoE layer")
+    sizes = {sum(ckpt.entry(n).nbytes for n, _, _ in g) for g in groups.values()}
+    if len(sizes) != 1:
+        raise UnsupportedError(f"experts differ in size ({sorted(sizes)[:3]} bytes); shard needs equal experts")
+    storage = sorted(storages)[0] if len(storages) == 1 else "+".join(sorted(storages))
+    inter = hidden = 0
+    fp = parts[(layers[0], 0)]
+    if storage == MXFP4_PAIR and all((p, q) in fp for p in ("gate", "up", "down") for q in ("packed", "scale")):
+        gs = ckpt.entry(fp[("gate", "packed")]).shape
+        inter, hidden = gs[0], 2 * gs[1]
+    if moet:
+        _check_moet(ckpt, storage, groups, parts, inter, hidden, tp)
+    cfg = ckpt.config or {}
+    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    nhl = tc.get("num_hidden_layers")
+    if not isinstance(nhl, int) or nhl <= layers[-1]:
+        nhl = layers[-1] + 1
+    expert_names = {n for g in groups.values() for n, _, _ in g}
+    dense = tuple(n for n in ckpt.tensors if n not in expert_names)
+    where = {n: (roles[n].layer, roles[n].role) for n in dense}
+    return SourceModel(storage, layers, E, sizes.pop(), nhl, inter, hidden, dense, ckpt, groups, parts, index, where)
+
+
+def _check_moet(ckpt, storage, groups, parts, inter, hidden, tp) -> None:
+    if storage != MXFP4_PAIR or not inter:
+        raise UnsupportedError(f"layout 'moet' needs MXFP4 ({MXFP4_PAIR}) experts with gate, up and down "
+                               f"weight_packed/weight_scale tensors; this checkpoint's experts are {storage}")
+    from .moet_pack import SlotGeometry
+
+    try:
+        SlotGeometry.for_expert(inter, hidden, tp)
+    except (ShapeError, UsageError) as exc:
+        raise UnsupportedError(f"layout 'moet': expert shapes do not fit the runtime's planes ({exc.detail})") from None
+    want = {"gate": ((inter, hidden // 2), (inter, hidden // 32)), "up": ((inter, hidden // 2), (inter, hidden // 32)),
+            "down": ((hidden, inter // 2), (hidden, inter // 32))}
+    for key, p in parts.items():
+        for proj, (ps, ss) in want.items():
+            for part, shape in (("packed", ps), ("scale", ss)):
+                name = p.get((proj, part))
+                if name is None or tuple(ckpt.entry(name).shape) != shape or ckpt.entry(name).dtype != "U8":
+                    raise UnsupportedError(f"layout 'moet' needs {proj} {part} U8 {list(shape)} in every expert",
+                                           tensor=name or f"layer {key[0]} expert {key[1]}")
+        if len(groups[key]) != 6:
+            raise UnsupportedError(f"layout 'moet': expert (layer {key[0]}, expert {key[1]}) has tensors beyond "
+                                   "gate/up/down packed+scale (bias, global scale)")

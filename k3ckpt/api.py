@@ -65,3 +65,35 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
 
     with open_source(src) as ckpt:
         return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress)
+
+
+def requant(src: str | os.PathLike, dst: str | os.PathLike, **options):
+    """Requantize the routed experts of ``src`` into ``dst`` (``k3ckpt.requant.pipeline.requant_checkpoint``)."""
+    from .requant.pipeline import requant_checkpoint
+
+    with open_source(src) as ckpt:
+        return requant_checkpoint(ckpt, dst, source_label=str(src), **options)
+
+
+def plan(src, devices, **options):
+    """Plan expert placement or an expert cache for a device set (``k3ckpt.planning.plan``)."""
+    from .planning import plan as _plan
+
+    return _plan(src, devices, **options)
+
+
+def shard(src: str | os.PathLike, plan_path: str | os.PathLike, dst: str | os.PathLike, **options):
+    """Write per-rank files and expert packs from a plan (``k3ckpt.shard.materialize.shard_checkpoint``)."""
+    from .shard.materialize import shard_checkpoint
+    from .shard.plan import Plan
+
+    the_plan = Plan.from_json(Path(plan_path).read_bytes())
+    with open_source(src) as ckpt:
+        return shard_checkpoint(ckpt, the_plan, dst, **options)
+
+
+def verify(dst: str | os.PathLike, *, source: str | os.PathLike | None = None):
+    """Re-check a ``shard`` output folder against its manifest (and the source)."""
+    from .shard.verify import verify_output
+
+    return verify_output(dst, source=source)

@@ -21,6 +21,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("k3ckpt.cli.inspect", "Report what a checkpoint holds, from headers alone."),
     "dequant": ("k3ckpt.cli.dequant", "Decode quantized tensors to bf16/f16/f32 in a new checkpoint."),
     "fixture": ("k3ckpt.cli.fixture", "Generate a synthetic checkpoint with real names and layouts."),
+    "formats": ("k3ckpt.cli.formats", "List the registered weight formats."),
+    "requant": ("k3ckpt.cli.requant", "Requantize routed experts to a ~2.25-bpw format, with an error report."),
+    "report": ("k3ckpt.cli.report", "Render an existing requant error report."),
+    "plan": ("k3ckpt.cli.plan", "Place experts on a device set (GPUs, host RAM, NVMe) and write plan.json."),
+    "shard": ("k3ckpt.cli.shard", "Write per-rank files and NVMe expert packs from a plan."),
+    "verify": ("k3ckpt.cli.verify", "Re-check an output folder against its manifest (and the source)."),
 }
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from .errors import OutputExistsError, UnsupportedError, UsageError
 from .io.dtypes import lookup, value_dtype
 from .io.reader import Checkpoint
-from .io.writer import ShardedWriter, TensorSpec
+from .io.writer import ShardedWriter, TensorSpec, atomic_write_json
 from .profiles import detect
 
 OUT_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
@@ -356,11 +356,4 @@ def _write_unfused(writer: ShardedWriter, w: DecodedWeight, r0: int, y: np.ndarr
 
 
 def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write_json(path, obj)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any, Iterable, Mapping
 
 from .. import __version__
 from ..errors import InvalidFileError, NotFoundError, UsageError
+from ..io.writer import atomic_write_bytes
 from .metrics import ErrorStats
 from .results import TensorResult
 
@@ -434,21 +434,7 @@ class ReportPaths:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    # Temp file in the same folder, fsync, rename: a reader never sees half a report.
-    tmp = path.with_name(f".{path.name}.partial")
-    data = text.encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_report(results: Iterable[TensorResult] | RequantReport, dst, *,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidFileError, ShapeError, UsageError
+from ..io.writer import atomic_write_bytes as write_bytes_atomic
 
 __all__ = ["ALIGN", "PACK_FORMAT", "PACK_VERSION", "PartSpec", "PackRecord", "ExpertPack", "PackBuilder",
            "record_parts", "name_template", "write_json_atomic"]
@@ -44,24 +45,6 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
     write_bytes_atomic(path, data)
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        os.fchmod(fd, 0o644)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-
-
-# ------------------------------------------------------------------ layout
 @dataclass(frozen=True)
 class PartSpec:
     """One source tensor inside every record: ``[offset, offset + nbytes)`` of the record."""

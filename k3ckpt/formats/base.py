@@ -175,6 +175,16 @@ def output_dtype(out) -> np.dtype:
     raise UsageError(f"decode output must be float32 or bfloat16, got {dt}")
 
 
+def first_nonfinite(x) -> int:
+    """Flat index of the first NaN/Inf in ``x``, -1 if none (numba-compilable:
+    formats njit it so an encoder can name the bad element without a full isfinite pass)."""
+    flat = x.reshape(-1)
+    for i in range(flat.shape[0]):
+        if not np.isfinite(flat[i]):
+            return i
+    return -1
+
+
 def as_float32_input(x, *, name: str | None = None) -> np.ndarray:
     """A C-contiguous float32 view/copy of encoder input.
 

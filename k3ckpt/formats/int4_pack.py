@@ -34,7 +34,7 @@ import types
 import numpy as np
 
 from ..errors import ShapeError, UsageError
-from .base import Format, FormatInfo, Part, PartSpec
+from .base import Format, FormatInfo, Part, PartSpec, first_nonfinite
 
 __all__ = [
     "GROUP",
@@ -141,21 +141,13 @@ def _encode_kernel(x, packed, scale):
                 packed[r, g * 4 + w] = word
 
 
-def _first_nonfinite(x):
-    flat = x.reshape(-1)
-    for i in range(flat.shape[0]):
-        if not np.isfinite(flat[i]):
-            return i
-    return -1
-
-
 @functools.cache
 def _kernels() -> types.SimpleNamespace:
     from .._numba import njit
 
     return types.SimpleNamespace(
         decode=njit(_decode_kernel), decode_bf16=njit(_decode_bf16_kernel), encode=njit(_encode_kernel),
-        first_nonfinite=njit(_first_nonfinite),
+        first_nonfinite=njit(first_nonfinite),
     )
 
 

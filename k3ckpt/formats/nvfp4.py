@@ -32,7 +32,7 @@ import types
 import numpy as np
 
 from ..errors import ShapeError, UsageError
-from .base import Format, FormatInfo, Part, PartSpec, as_float32_input
+from .base import Format, FormatInfo, Part, PartSpec, as_float32_input, first_nonfinite
 from .e2m1 import E2M1_VALUES, NIBBLE_HI_F32, NIBBLE_LO_F32
 from .mxfp4 import e2m1_value_ref
 from .plain import FP8_E4M3_F32, decode_fp8_e4m3_ref
@@ -150,21 +150,13 @@ def _encode_kernel(x, g, multiply, fp8, thresholds, inclusive, packed, scale):
                 packed[r, b * 8 + i] = pair
 
 
-def _first_nonfinite(x):
-    flat = x.reshape(-1)
-    for i in range(flat.shape[0]):
-        if not np.isfinite(flat[i]):
-            return i
-    return -1
-
-
 @functools.cache
 def _kernels() -> types.SimpleNamespace:
     from .._numba import njit
 
     return types.SimpleNamespace(
         decode=njit(_decode_kernel), decode_bf16=njit(_decode_bf16_kernel), encode=njit(_encode_kernel),
-        first_nonfinite=njit(_first_nonfinite),
+        first_nonfinite=njit(first_nonfinite),
     )
 
 

@@ -13,6 +13,9 @@ import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..units import human_bytes as fmt_bytes
+from ..units import human_count as fmt_count
+
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Aggregate, RequantReport
 
@@ -34,24 +37,6 @@ def fmt_g(v: float | None, signed: bool = False) -> str:
     if math.isinf(v) or math.isnan(v):
         return str(v)
     return f"{v:+.3g}" if signed else f"{v:.3g}"
-
-
-def fmt_count(n: int | float) -> str:
-    n = float(n)
-    for unit in ("", "K", "M", "B", "T"):
-        if abs(n) < 1000 or unit == "T":
-            return f"{n:.0f}" if unit == "" else f"{n:.2f}{unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
-def fmt_bytes(n: int | float) -> str:
-    n = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def _summary_cells(label: str, a: Aggregate) -> list[str]:

@@ -338,12 +338,10 @@ _GET_ENTRY = operator.itemgetter("dtype", "shape", "data_offsets")
 
 
 def _bulk_infos(obj: dict) -> list[TensorInfo] | None:
-    """All entries of a header at once, sorted by offsets, when every one is
-    plainly well formed and the data is contiguous; None otherwise, and the
-    entry-by-entry walk names the problem.  Checks run per distinct (dtype,
-    shape) and over whole columns (numpy), which is what makes opening a
-    497,220-tensor K3 take seconds.  Only for documents without float or
-    true/false literals, where every JSON number is a Python int."""
+    """All entries of a parsed header at once (see ``_infos_from_columns``), when
+    every one is plainly well formed; None otherwise, and the entry-by-entry walk
+    names the problem.  Only for documents without float or true/false
+    literals, where every JSON number is a Python int."""
     names = [k for k in obj if k != METADATA_KEY]
     entries = list(map(obj.__getitem__, names))
     if len(names) < 2 or set(map(type, entries)) != {dict} or set(map(len, entries)) != {3}:
@@ -352,34 +350,81 @@ def _bulk_infos(obj: dict) -> list[TensorInfo] | None:
         dts, shapes, offs = zip(*map(_GET_ENTRY, entries))
         if set(map(type, shapes)) != {list} or set(map(type, offs)) != {list} or set(map(len, offs)) != {2}:
             return None
-        shapes = list(map(tuple, shapes))
-        keys = list(zip(dts, shapes))
-        sizes: dict[tuple, int] = {}
-        canonical: dict[str, str] = {}
-        for dt_name, shape in set(keys):
+        begin = np.array([o[0] for o in offs], dtype=np.int64)
+        end = np.array([o[1] for o in offs], dtype=np.int64)
+        keys = list(zip(dts, map(tuple, shapes)))
+        ids: dict[tuple, int] = {}
+        kind_of = np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return _infos_from_columns(names, list(ids), kind_of, begin, end)
+
+
+def _infos_from_columns(names, kinds: list[tuple], kind_of: np.ndarray, begin: np.ndarray,
+                        end: np.ndarray) -> list[TensorInfo] | None:
+    """Header entries sorted by offsets, from the tensor names, the distinct
+    (dtype name, shape) pairs ``kinds``, each tensor's index into ``kinds`` and
+    the offset columns; None unless every dtype is known, every size matches its
+    shape and the data is contiguous from 0.  Checks run once per kind and over
+    whole columns (numpy): a 497,220-tensor K3 holds a few hundred kinds."""
+    sizes: list[int] = []
+    canon: list[tuple[str, tuple[int, ...]]] = []
+    try:
+        for dt_name, shape in kinds:
             if type(dt_name) is not str or not all(type(d) is int and 0 <= d < _U64_LIMIT for d in shape):
                 return None
             dt = dtypes.lookup(dt_name)
             n = dt.nbytes(shape)
             if n is None:
                 return None
-            sizes[(dt_name, shape)] = n
-            canonical[dt_name] = dt.name
-        begin = np.array([o[0] for o in offs], dtype=np.int64)
-        end = np.array([o[1] for o in offs], dtype=np.int64)
-        want = np.array(list(map(sizes.__getitem__, keys)), dtype=np.int64)
-    except (KeyError, TypeError, ValueError, OverflowError, UnsupportedError):
+            sizes.append(n)
+            canon.append((dt.name, shape))
+        want = np.array(sizes, dtype=np.int64)[kind_of]
+    except (TypeError, ValueError, OverflowError, UnsupportedError):
         return None
-    if begin.min() < 0 or not np.array_equal(end - begin, want):
+    if len(names) < 2 or begin.min() < 0 or not np.array_equal(end - begin, want):
         return None
     order = np.lexsort((end, begin))
     b, e = begin[order], end[order]
     if b[0] != 0 or not np.array_equal(b[1:], e[:-1]):
         return None
-    idx = order.tolist()
-    pick = operator.itemgetter(*idx)
-    return list(map(_new_info, zip(pick(names), map(canonical.__getitem__, pick(dts)), pick(shapes),
+    pick = operator.itemgetter(*order.tolist())
+    dts, shapes = zip(*canon)
+    k = kind_of[order].tolist()
+    return list(map(_new_info, zip(pick(names), operator.itemgetter(*k)(dts), operator.itemgetter(*k)(shapes),
                                    b.tolist(), e.tolist())))
+
+
+_PLAIN_SCAN_MIN = 1 << 18   # smaller headers parse fast enough as JSON; spares numba's import
+
+
+def _plain_header(raw: bytes, source: str) -> tuple[list[TensorInfo], dict[str, str]] | None:
+    """Entries and metadata of a large header in the plain form every writer
+    emits (``_header_scan``), without building JSON objects; None when the
+    header is not plain or breaks a rule, and the strict parser decides."""
+    if len(raw) < _PLAIN_SCAN_MIN or not raw.isascii():
+        return None
+    from ._header_scan import scan_header
+
+    spans, meta, blob, kind_of, first = scan_header(np.frombuffer(raw, dtype=np.uint8))
+    if meta[0] == -2 or len(spans) < 2:
+        return None
+    names = blob.tobytes().decode("ascii").split("\n")
+    if len(names) != len(spans) or len(set(names)) != len(names):
+        return None
+    kinds = []
+    for t in first.tolist():
+        d0, d1, s0, s1 = spans[t, 2:6].tolist()
+        shape = raw[s0:s1].decode("ascii")
+        kinds.append((raw[d0:d1].decode("ascii"), tuple(int(d) for d in shape.split(",")) if shape.strip() else ()))
+    infos = _infos_from_columns(names, kinds, kind_of, spans[:, 6], spans[:, 7])
+    if infos is None:
+        return None
+    metadata: dict[str, str] = {}
+    if meta[0] >= 0:
+        obj = loads_strict(raw[meta[0]: meta[1]], source=source, what="header JSON")
+        metadata = _parse_metadata(obj, source=source)
+    return infos, metadata
 
 
 _new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo from a 5-tuple, no Python frame
@@ -396,6 +441,9 @@ def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) 
     n = len(raw)
     if not bytes(raw[:1]) == b"{":  # reference reader: InvalidHeaderStart
         raise InvalidFileError(f"header JSON must start with '{{', found {bytes(raw[:1])!r}", file=source)
+    plain = _plain_header(bytes(raw), source)
+    if plain is not None:
+        return _finish_header(plain[0], plain[1], n, source=source, file_size=file_size)
     floats: list[str] = []
     obj = loads_strict(raw, source=source, what="header JSON", parse_float=lambda t: floats.append(t) or float(t))
     if not isinstance(obj, dict):  # pragma: no cover - a '{' start guarantees an object or a parse error
@@ -439,6 +487,12 @@ def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) 
         infos = bulk
     else:
         infos.sort(key=_START_END)
+    return _finish_header(infos, metadata, n, source=source, file_size=file_size)
+
+
+def _finish_header(infos: list[TensorInfo], metadata: dict[str, str], n: int, *, source: str,
+                   file_size: int | None) -> Header:
+    """The contiguity and file-size rules over entries sorted by (begin, end)."""
     starts = list(map(_START, infos))
     ends = list(map(_END, infos))
     contiguous = not infos or (starts[0] == 0 and starts[1:] == ends[:-1])  # list comparison in C

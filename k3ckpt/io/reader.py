@@ -227,15 +227,12 @@ def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
         meta = {}
     if not isinstance(meta, dict):
         raise InvalidFileError(f"index 'metadata' must be an object, found {type(meta).__name__}", file=source)
-    checked: set[str] = set()   # a K3 index names 96 shards 497,220 times
-    for tensor, shard in wm.items():
-        if type(shard) is str and shard in checked:
-            continue
-        if not isinstance(shard, str):
-            raise InvalidFileError(f"weight_map value must be a shard name, found {shard!r}", file=source,
-                                   tensor=tensor)
+    if set(map(type, wm.values())) - {str}:
+        tensor, shard = next((t, s) for t, s in wm.items() if type(s) is not str)
+        raise InvalidFileError(f"weight_map value must be a shard name, found {shard!r}", file=source,
+                               tensor=tensor)
+    for shard in dict.fromkeys(wm.values()):   # a K3 index names 96 shards 497,220 times
         check_shard_name(shard, source=source)
-        checked.add(shard)
     return dict(wm), dict(meta)
 
 

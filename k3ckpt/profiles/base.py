@@ -10,9 +10,12 @@ then costs one regex pass to pull out the indices.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Iterable, Mapping
+
+import numpy as np
 
 from ..errors import NotFoundError
 from .geometry import ModelGeometry
@@ -21,6 +24,7 @@ from .roles import Role, TensorRole, split_part, storage_of
 # an integer that is a whole dotted component (the dot before it is consumed, so
 # split() keeps it out of the text pieces and ".#".join() restores it)
 _INDEX = re.compile(r"\.(\d+)(?![^.])")
+_INDEX_LINES = re.compile(r"\.(\d+)(?![^.\n])")   # the same over names joined by newlines
 
 # FFN projection names -> the projection they are.
 PROJECTIONS: dict[str, str] = {
@@ -149,12 +153,14 @@ class Profile:
             return None
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None) -> Profile:
+    def from_config(cls, config: Mapping[str, Any] | None, *, quant: str | None = None) -> Profile:
+        """The profile for ``config``; ``quant`` is a storage hint found elsewhere
+        (tensor names), used when the config declares none."""
         from .geometry import quant_hint
 
         if not config:
-            return cls(geometry=None, quant=cls.default_quant)
-        return cls(geometry=cls.geometry_from(config), quant=quant_hint(config) or cls.default_quant)
+            return cls(geometry=None, quant=quant or cls.default_quant)
+        return cls(geometry=cls.geometry_from(config), quant=quant_hint(config) or quant or cls.default_quant)
 
     # -- classification --------------------------------------------------------
 
@@ -165,12 +171,49 @@ class Profile:
         a role)."""
         # One regex pass splits text from indices: [text, idx, text, idx, text].
         pieces = _INDEX.split(name)
-        key = (tuple(pieces[0::2]), dtype)
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._cache[key] = self._entry(".#".join(key[0]), dtype)
+        entry = self._template_entry(tuple(pieces[0::2]), dtype)
         return (entry, int(pieces[entry.layer_at]) if entry.layer_at else None,
                 int(pieces[entry.expert_at]) if entry.expert_at else None)
+
+    def locate_many(self, names: list[str], dtypes: list[str]) -> tuple[list[_Entry], np.ndarray, np.ndarray,
+                                                                       np.ndarray]:
+        """``locate`` over parallel lists at once: the distinct entries, and per name
+        the index of its entry and its layer and expert numbers, as int64 arrays
+        (-1 for none).  One pass over all names (numba, or two regex passes for
+        fewer names) replaces the per-name Python work: a K3's 497,220 names in
+        a fraction of a second."""
+        n = len(names)
+        if len(dtypes) != n:
+            raise ValueError(f"locate_many needs one dtype per name ({n} names, {len(dtypes)} dtypes)")
+        blob = "\n".join(names)
+        found = _templates_scanned(blob, n) if n >= _SCAN_MIN and blob.isascii() else None
+        if found is None:
+            found = _templates_regex(blob, n)
+        if found is None:   # names holding the separators or huge numbers: one by one
+            located = [self.locate(nm, dt) for nm, dt in zip(names, dtypes)]
+            index: dict[int, int] = {}
+            which = [index.setdefault(id(e), len(index)) for e, _, _ in located]
+            distinct = list({id(e): e for e, _, _ in located}.values())
+            return (distinct, np.array(which, dtype=np.int64),
+                    _int_column([-1 if v is None else v for _, v, _ in located]),
+                    _int_column([-1 if v is None else v for _, _, v in located]))
+        templates, tid, numbers = found
+        firsts, ids_arr = first_ids(zip(tid.tolist(), dtypes))
+        entries = [self._template_entry(tuple(templates[tid[i]].split("\x00")), dtypes[i]) for i in firsts.tolist()]
+        rows = np.arange(n)
+        out = []
+        for attr in ("layer_at", "expert_at"):
+            at = np.array([getattr(e, attr) for e in entries], dtype=np.int64)[ids_arr]
+            # pieces[2k + 1] is the name's k-th number
+            out.append(np.where(at > 0, numbers[rows, np.maximum(at - 1, 0) // 2], -1))
+        return entries, ids_arr, out[0], out[1]
+
+    def _template_entry(self, pieces: tuple[str, ...], dtype: str) -> _Entry:
+        key = (pieces, dtype)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._entry(".#".join(pieces), dtype)
+        return entry
 
     def classify(self, name: str, dtype: str) -> TensorRole:
         """The role, indices, part and storage of one tensor from its name and header dtype."""
@@ -218,6 +261,60 @@ class Profile:
                       2 * expert_pos + 1 if expert_pos >= 0 else 0, part, cut, storage_of(part, dtype, self.quant))
 
 
+def first_ids(keys: Iterable[Hashable]) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ids of hashable keys: (position of each id's first key, id per key),
+    ids in order of first appearance.  The dict work runs in C (``map`` over
+    ``setdefault``), which matters at half a million keys."""
+    seen: dict = {}
+    first_pos = np.fromiter(map(seen.setdefault, keys, itertools.count()), dtype=np.int64)
+    firsts, ids = np.unique(first_pos, return_inverse=True)
+    return firsts, ids.reshape(-1)
+
+
+def _int_column(values: list[int]) -> np.ndarray:
+    """int64, or Python ints (object) when a hostile name holds a number beyond it."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
+
+
+_SCAN_MIN = 50_000   # fewer names: the regex passes are quick and spare numba's import
+
+
+def _templates_regex(blob: str, n: int) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """(distinct templates, template index per name, numbers [n, k]) by regex passes
+    over the names joined by newlines; None if a name holds a separator."""
+    if "\x00" in blob or blob.count("\n") != n - 1:
+        return None
+    try:
+        flat = np.array(_INDEX_LINES.findall(blob), dtype=np.int64)
+    except (OverflowError, ValueError):
+        return None
+    tmpl = _INDEX_LINES.sub("\x00", blob).split("\n")
+    index: dict[str, int] = {}
+    tid = np.array([index.setdefault(t, len(index)) for t in tmpl], dtype=np.int64)
+    templates = list(index)
+    holes = np.array([t.count("\x00") for t in templates], dtype=np.int64)[tid]
+    width = max(int(holes.max()), 1)
+    numbers = np.zeros((n, width), dtype=np.int64)
+    row = np.repeat(np.arange(n), holes)
+    col = np.arange(len(flat)) - np.repeat(np.cumsum(holes) - holes, holes)
+    numbers[row, col] = flat
+    return templates, tid, numbers
+
+
+def _templates_scanned(blob: str, n: int) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """As ``_templates_regex``, by one numba pass (ASCII names)."""
+    from ._templates import MAX_NUMBERS, scan_templates
+
+    ok, tid, first, tmpl, tspan, numbers, count = scan_templates(np.frombuffer(blob.encode("ascii"), np.uint8), n)
+    if not ok or (len(count) and int(count.max()) > MAX_NUMBERS):
+        return None
+    templates = [tmpl[a:b].tobytes().decode("ascii") for a, b in tspan[first].tolist()]
+    return templates, tid, numbers
+
+
 def _is_vision(template: str) -> bool:
     return GENERIC_RULES[0].pattern.search(template) is not None
 
@@ -240,11 +337,11 @@ class GenericProfile(Profile):
     display_name: ClassVar[str] = "Generic (name patterns)"
 
 
-def get_profile(profile_id: str, config: Mapping[str, Any] | None = None) -> Profile:
-    """A registered profile by id, built from ``config`` when given."""
+def get_profile(profile_id: str, config: Mapping[str, Any] | None = None, *, quant: str | None = None) -> Profile:
+    """A registered profile by id, built from ``config`` when given (``quant``: see ``Profile.from_config``)."""
     try:
         cls = Profile.registry[profile_id]
     except KeyError:
         known = ", ".join(sorted(Profile.registry))
         raise NotFoundError(f"no model profile {profile_id!r} (known: {known})") from None
-    return cls.from_config(config)
+    return cls.from_config(config, quant=quant)

@@ -1,0 +1,322 @@
+"""A one-pass scanner for safetensors headers in the form every writer emits.
+
+``json.loads`` builds three Python objects per tensor before the header rules
+can be checked; on a 497,220-tensor K3 that is most of the time to open it.
+This scanner reads the bytes once (numba) and returns spans and integers in
+arrays.  It accepts only the plain form -- an object of
+``"name":{"dtype":"D","shape":[...],"data_offsets":[b,e]}`` members in that key
+order, an optional ``__metadata__`` object of plain strings, whitespace
+between tokens, no backslash escapes, integers below 10**18 -- and answers
+"not plain" for anything else, so the caller falls back to the full strict
+parser, which names the problem.  A header the scanner accepts is valid JSON
+with exactly the meaning its arrays describe; the caller still checks the
+safetensors rules (dtypes, sizes, contiguity, duplicate names).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._numba import njit
+
+# Columns of the ``spans`` array returned per tensor.
+NAME_S, NAME_E, DTYPE_S, DTYPE_E, SHAPE_S, SHAPE_E, BEGIN, END = range(8)
+
+_DTYPE_KEY = np.frombuffer(b'"dtype"', dtype=np.uint8)
+_SHAPE_KEY = np.frombuffer(b'"shape"', dtype=np.uint8)
+_OFFSETS_KEY = np.frombuffer(b'"data_offsets"', dtype=np.uint8)
+_METADATA_KEY = np.frombuffer(b'"__metadata__"', dtype=np.uint8)
+_MAX_DIGITS = 18   # below 2**63: int64 arithmetic is exact; longer numbers take the strict parser
+
+
+@njit
+def _ws(buf, i):
+    n = buf.shape[0]
+    while i < n and (buf[i] == 32 or buf[i] == 10 or buf[i] == 13 or buf[i] == 9):
+        i += 1
+    return i
+
+
+@njit
+def _lit(buf, i, lit):
+    """Index after ``lit`` at ``i``, or -1."""
+    if i + lit.shape[0] > buf.shape[0]:
+        return -1
+    for k in range(lit.shape[0]):
+        if buf[i + k] != lit[k]:
+            return -1
+    return i + lit.shape[0]
+
+
+@njit
+def _string_end(buf, i):
+    """``buf[i]`` is '"': index of the closing quote of an escape-free string, or -1."""
+    n = buf.shape[0]
+    if i >= n or buf[i] != 34:
+        return -1
+    j = i + 1
+    while j < n:
+        c = buf[j]
+        if c == 34:
+            return j
+        if c == 92 or c < 32:   # escapes and raw control characters: strict parser
+            return -1
+        j += 1
+    return -1
+
+
+@njit
+def _number(buf, i):
+    """(value, index after) of a JSON non-negative integer at ``i``; index -1 if none."""
+    n = buf.shape[0]
+    j = i
+    v = 0
+    while j < n and 48 <= buf[j] <= 57:
+        v = v * 10 + (buf[j] - 48)
+        j += 1
+    digits = j - i
+    if digits == 0 or digits > _MAX_DIGITS or (digits > 1 and buf[i] == 48):
+        return 0, -1
+    return v, j
+
+
+@njit
+def _colon(buf, i):
+    i = _ws(buf, i)
+    if i >= buf.shape[0] or buf[i] != 58:
+        return -1
+    return _ws(buf, i + 1)
+
+
+@njit
+def _metadata(buf, i):
+    """End (exclusive) of a ``{"k":"v",...}`` object of plain strings at ``i``, or -1."""
+    if i >= buf.shape[0] or buf[i] != 123:
+        return -1
+    i = _ws(buf, i + 1)
+    if i < buf.shape[0] and buf[i] == 125:
+        return i + 1
+    while True:
+        e = _string_end(buf, i)
+        if e < 0:
+            return -1
+        i = _colon(buf, e + 1)
+        if i < 0:
+            return -1
+        e = _string_end(buf, i)
+        if e < 0:
+            return -1
+        i = _ws(buf, e + 1)
+        if i >= buf.shape[0]:
+            return -1
+        if buf[i] == 125:
+            return i + 1
+        if buf[i] != 44:
+            return -1
+        i = _ws(buf, i + 1)
+
+
+@njit
+def _entry(buf, i, row):
+    """Parse ``{"dtype":..,"shape":[..],"data_offsets":[b,e]}`` at ``i`` into ``row``; index after or -1."""
+    n = buf.shape[0]
+    if i >= n or buf[i] != 123:
+        return -1
+    i = _lit(buf, _ws(buf, i + 1), _DTYPE_KEY)
+    if i < 0:
+        return -1
+    i = _colon(buf, i)
+    if i < 0:
+        return -1
+    e = _string_end(buf, i)
+    if e < 0:
+        return -1
+    row[2] = i + 1
+    row[3] = e
+    i = _ws(buf, e + 1)
+    if i >= n or buf[i] != 44:
+        return -1
+    i = _lit(buf, _ws(buf, i + 1), _SHAPE_KEY)
+    if i < 0:
+        return -1
+    i = _colon(buf, i)
+    if i < 0 or i >= n or buf[i] != 91:
+        return -1
+    row[4] = i + 1
+    i = _ws(buf, i + 1)
+    if i < n and buf[i] != 93:
+        while True:
+            _, i = _number(buf, i)
+            if i < 0:
+                return -1
+            i = _ws(buf, i)
+            if i >= n:
+                return -1
+            if buf[i] == 93:
+                break
+            if buf[i] != 44:
+                return -1
+            i = _ws(buf, i + 1)
+    if i >= n:
+        return -1
+    row[5] = i
+    i = _ws(buf, i + 1)
+    if i >= n or buf[i] != 44:
+        return -1
+    i = _lit(buf, _ws(buf, i + 1), _OFFSETS_KEY)
+    if i < 0:
+        return -1
+    i = _colon(buf, i)
+    if i < 0 or i >= n or buf[i] != 91:
+        return -1
+    b, i = _number(buf, _ws(buf, i + 1))
+    if i < 0:
+        return -1
+    i = _ws(buf, i)
+    if i >= n or buf[i] != 44:
+        return -1
+    e2, i = _number(buf, _ws(buf, i + 1))
+    if i < 0:
+        return -1
+    i = _ws(buf, i)
+    if i >= n or buf[i] != 93:
+        return -1
+    row[6] = b
+    row[7] = e2
+    i = _ws(buf, i + 1)
+    if i >= n or buf[i] != 125:
+        return -1
+    return i + 1
+
+
+@njit
+def _same(buf, a0, a1, b0, b1):
+    if a1 - a0 != b1 - b0:
+        return False
+    for k in range(a1 - a0):
+        if buf[a0 + k] != buf[b0 + k]:
+            return False
+    return True
+
+
+@njit
+def _entry_kinds(buf, spans):
+    """Per tensor, the id of its (dtype, shape) text, ids numbered in order of
+    first appearance; and the first tensor of each id.  Headers repeat a few
+    hundred such texts hundreds of thousands of times, so Python then parses
+    each distinct one once.  Exact: equal ids mean byte-equal texts."""
+    n = spans.shape[0]
+    size = 1024
+    while size < 2 * n:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)       # slot -> first tensor of a kind
+    kind = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    kinds = 0
+    for t in range(n):
+        a0 = spans[t, DTYPE_S]
+        a1 = spans[t, SHAPE_E]
+        h = np.uint64(14695981039346656037)
+        for k in range(a0, a1):
+            h = (h ^ np.uint64(buf[k])) * np.uint64(1099511628211)
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            r = table[slot]
+            if r < 0:
+                table[slot] = t
+                kind[t] = kinds
+                first[kinds] = t
+                kinds += 1
+                break
+            if _same(buf, a0, a1, spans[r, DTYPE_S], spans[r, SHAPE_E]):
+                kind[t] = kind[r]
+                break
+            slot = (slot + 1) & (size - 1)
+    return kind, first[:kinds]
+
+
+@njit
+def _names_blob(buf, spans):
+    """The tensor names joined by newlines (names hold no control characters)."""
+    n = spans.shape[0]
+    total = 0
+    for t in range(n):
+        total += spans[t, NAME_E] - spans[t, NAME_S] + 1
+    out = np.empty(max(total - 1, 0), dtype=np.uint8)
+    j = 0
+    for t in range(n):
+        if t:
+            out[j] = 10
+            j += 1
+        for k in range(spans[t, NAME_S], spans[t, NAME_E]):
+            out[j] = buf[k]
+            j += 1
+    return out
+
+
+@njit
+def scan_header(buf):
+    """A plain header's columns: (spans [n, 8] int64, metadata (start, end) or
+    (-1, -1), names joined by newlines, kind id per tensor, first tensor of
+    each kind); metadata is (-2, -2) and the rest empty when the header is not plain."""
+    spans, meta = _scan(buf)
+    if meta[0] == -2:
+        empty = np.empty(0, dtype=np.int64)
+        return spans, meta, np.empty(0, dtype=np.uint8), empty, empty
+    kind, first = _entry_kinds(buf, spans)
+    return spans, meta, _names_blob(buf, spans), kind, first
+
+
+@njit
+def _scan(buf):
+    n = buf.shape[0]
+    cap = n // 40 + 1     # the shortest member, '"":{"dtype":"","shape":[],"data_offsets":[0,0]}', is 46 bytes
+    spans = np.empty((cap, 8), dtype=np.int64)
+    meta = np.full(2, -1, dtype=np.int64)
+    bad = (spans[:0], np.full(2, -2, dtype=np.int64))
+    i = _ws(buf, 0)
+    if i >= n or buf[i] != 123:
+        return bad
+    i = _ws(buf, i + 1)
+    k = 0
+    if i < n and buf[i] == 125:
+        i += 1
+    else:
+        while True:
+            e = _string_end(buf, i)
+            if e < 0:
+                return bad
+            j = _colon(buf, e + 1)
+            if j < 0:
+                return bad
+            if _lit(buf, i, _METADATA_KEY) == e + 1:
+                if meta[0] != -1:
+                    return bad
+                end = _metadata(buf, j)
+                if end < 0:
+                    return bad
+                meta[0] = j
+                meta[1] = end
+                i = end
+            else:
+                if k >= cap:
+                    return bad
+                row = spans[k]
+                row[0] = i + 1
+                row[1] = e
+                i = _entry(buf, j, row)
+                if i < 0:
+                    return bad
+                k += 1
+            i = _ws(buf, i)
+            if i >= n:
+                return bad
+            if buf[i] == 125:
+                i += 1
+                break
+            if buf[i] != 44:
+                return bad
+            i = _ws(buf, i + 1)
+    if _ws(buf, i) != n:
+        return bad
+    return spans[:k], meta

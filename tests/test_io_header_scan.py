@@ -1,0 +1,118 @@
+"""The plain-header scanner (numba) against the strict JSON parser: for every
+input, valid or not, both paths reach the same Header or the same error."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k3ckpt.errors import K3ckptError
+from k3ckpt.io import header as H
+from k3ckpt.io._header_scan import scan_header
+
+
+def _outcome(raw: bytes, monkeypatch, *, plain: bool, file_size=None):
+    monkeypatch.setattr(H, "_PLAIN_SCAN_MIN", 0 if plain else 1 << 60)
+    try:
+        return H.parse_header_json(raw, source="x", file_size=file_size)
+    except K3ckptError as e:
+        return (type(e), str(e))
+
+
+def _same(raw: bytes, monkeypatch, file_size=None):
+    strict = _outcome(raw, monkeypatch, plain=False, file_size=file_size)
+    assert _outcome(raw, monkeypatch, plain=True, file_size=file_size) == strict
+    return strict
+
+
+def _header(n=40, seed=0, metadata=None) -> bytes:
+    rng = random.Random(seed)
+    entries = []
+    for i in range(n):
+        dt = rng.choice(["BF16", "U8", "F32", "F8_E4M3", "I64", "F4", "BOOL"])
+        shape = tuple(rng.choice([0, 1, 2, 32, 896]) for _ in range(rng.randint(0, 3)))
+        if dt == "F4":   # four-bit elements must fill whole bytes
+            shape = shape[:-1] + (2,) if shape else (2,)
+        from k3ckpt.io import dtypes
+
+        entries.append((f"model.layers.{i}.mlp.experts.{i % 7}.w{i % 3}.weight", dt, shape,
+                        dtypes.lookup(dt).nbytes(shape)))
+    rng.shuffle(entries)
+    prefix, _ = H.build_header(entries, metadata)
+    return prefix[8:]
+
+
+def test_scanner_takes_writer_output_and_agrees(monkeypatch):
+    raw = _header(200, metadata={"format": "pt", "note": "a {b} [c], d:e"})
+    spans, meta, *_ = scan_header(__import__("numpy").frombuffer(raw, dtype="uint8"))
+    assert meta[0] >= 0 and len(spans) == 200          # the plain path really ran
+    h = _same(raw, monkeypatch)
+    assert isinstance(h, H.Header) and len(h.tensors) == 200 and h.metadata["note"] == "a {b} [c], d:e"
+
+
+def test_whitespace_layouts_agree(monkeypatch):
+    doc = json.loads(_header(30, metadata={"a": "b"}))
+    for raw in (json.dumps(doc, indent=2).encode(), json.dumps(doc).encode(),
+                json.dumps(doc, separators=(",", ":")).encode() + b"  \t\r\n"):
+        spans, meta, *_ = scan_header(__import__("numpy").frombuffer(raw, dtype="uint8"))
+        assert meta[0] != -2
+        assert isinstance(_same(raw, monkeypatch), H.Header)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace('"dtype"', '"dtype" ', 1).replace('"shape":', '"shape" :', 1),   # still plain
+    lambda s: s.replace('"shape"', '"SHAPE"', 1),                      # unknown key
+    lambda s: s.replace('"data_offsets":[0,', '"data_offsets":[00,', 1),  # leading zero
+    lambda s: s.replace('"data_offsets":[0,', '"data_offsets":[-0,', 1),
+    lambda s: s.replace('"data_offsets":[0,', '"data_offsets":[0.0,', 1),
+    lambda s: s.replace('"data_offsets":[0,', '"data_offsets":[1e0,', 1),
+    lambda s: s.replace('"data_offsets":[0,', '"data_offsets":[99999999999999999999999,', 1),
+    lambda s: s.replace('{"dtype"', '{"shape":[1],"dtype"', 1),         # duplicate / reordered keys
+    lambda s: s.replace('model.layers.1.', 'model\\u002elayers.1.', 1),  # escape: same name, strict path
+    lambda s: s.replace('model.layers.1.', 'model\\ud800layers.1.', 1),  # lone surrogate
+    lambda s: s.replace('model.layers.2.', 'model.layers.1.', 1),        # may duplicate a name
+    lambda s: s[:-1] + ',}',
+    lambda s: s + 'x',
+    lambda s: s.replace('"BF16"', '"BF17"', 1),
+    lambda s: s.replace('"U8"', 'true', 1),
+    lambda s: s.replace('"__metadata__":{', '"__metadata__":{"n":1,', 1),
+    lambda s: s.replace('"__metadata__":{', '"__metadata__":{"k":"v","k":"w",', 1),
+    lambda s: s.replace('"__metadata__":{"format":"pt"}', '"__metadata__":{"format":"pt"},"__metadata__":{}', 1),
+    lambda s: s.replace('],"data_offsets"', ',]' + ',"data_offsets"', 1),
+    lambda s: s.replace('"shape":[', '"shape":[ ', 1),
+    lambda s: s.replace('"shape":[]', '"shape":[ ]', 1),
+    lambda s: s.replace(':[', ':\u00e9[', 1),
+])
+def test_edits_agree(edit, monkeypatch):
+    raw = edit(_header(60, seed=3, metadata={"format": "pt"}).decode()).encode()
+    _same(raw, monkeypatch)
+
+
+def test_file_size_rules_agree(monkeypatch):
+    raw = _header(50, seed=4)
+    h = _outcome(raw, monkeypatch, plain=False)
+    size = 8 + len(raw) + h.data_size
+    for fs in (size, size - 1, size + 1):
+        _same(raw, monkeypatch, file_size=fs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10**6), st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
+       st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 20)), max_size=2))
+def test_fuzz_byte_edits_agree(seed, flips, cuts):
+    """Random byte changes and deletions of a valid header: both paths agree."""
+    mp = pytest.MonkeyPatch()
+    try:
+        raw = bytearray(_header(25, seed=seed % 50, metadata={"format": "pt"} if seed % 2 else None))
+        for at, v in flips:
+            raw[at % len(raw)] = v
+        for at, k in cuts:
+            at %= len(raw)
+            del raw[at: at + k]
+        _same(bytes(raw), mp)
+    finally:
+        mp.undo()

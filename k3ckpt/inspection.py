@@ -7,13 +7,13 @@ tensor data unless ``scan=True``; the scan is in ``k3ckpt.scan``.
 
 from __future__ import annotations
 
-import operator
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .io import dtypes
 from .io.reader import Checkpoint
 from .profiles import detect
 from .profiles.base import first_ids
@@ -32,7 +32,7 @@ def params_of(tr: TensorRole, dtype: str, numel: int) -> int:
     INT4 word, none for scales; ``numel`` otherwise (F4 headers count elements)."""
     if tr.part in _OVERHEAD_PARTS:
         return 0
-    if tr.storage == "nvfp4" and tr.part == "weight" and dtype == "U8":  # ModelOpt codes under a plain name
+    if tr.storage in ("nvfp4", "nvfp4-modelopt") and tr.part == "weight" and dtype == "U8":  # ModelOpt codes under a plain name
         return numel * 2
     return numel * _PACKING.get((tr.part, dtype), 1)
 
@@ -136,25 +136,28 @@ def _bucket_list(acc: dict[str, list[int]]) -> tuple[Bucket, ...]:
     return tuple(sorted(rows, key=lambda b: (-b.bytes, b.key)))
 
 
-_NAME, _DTYPE, _SHAPE, _START, _END = (operator.itemgetter(i) for i in range(5))
-
-
 def _group_tensors(profile, headers) -> tuple[dict[tuple, list], set[tuple[int, int]], list[str]]:
     """Tensors sharing a name template, dtype, shape and layer share a role and a
     size: ``{(entry, layer, dtype, shape): [count, example name, bytes each]}``
     (a K3 has 497,220 tensors in ~2,700 such groups), the (layer, expert) pairs
-    of per-expert tensors, and the names no rule recognises."""
-    infos = [t for h in headers for t in h.tensors.values()]
-    if not infos:
+    of per-expert tensors, and the names no rule recognises.  Works on whole
+    columns: per tensor only its name and the index of its (dtype, shape)."""
+    names: list[str] = []
+    kind_ids: dict[tuple, int] = {}
+    parts = []
+    for h in headers:
+        kinds_h, kind_of_h = h.kind_table()
+        remap = np.array([kind_ids.setdefault(k, len(kind_ids)) for k in kinds_h], dtype=np.int64)
+        names.extend(h.tensors)
+        parts.append(remap[kind_of_h] if len(kind_of_h) else kind_of_h)
+    if not names:
         return {}, set(), []
-    names = list(map(_NAME, infos))
-    dts = list(map(_DTYPE, infos))
-    shapes = list(map(_SHAPE, infos))
-    nbytes = np.fromiter(map(_END, infos), dtype=np.int64, count=len(infos)) - np.fromiter(
-        map(_START, infos), dtype=np.int64, count=len(infos))
-    entries, which, layer, expert = profile.locate_many(names, dts)
-    kind_first, kind = first_ids(zip(dts, shapes))
-    kinds = [(dts[i], shapes[i]) for i in kind_first.tolist()]
+    kind = np.concatenate(parts)
+    kinds = list(kind_ids)
+    dtype_ids: dict[str, int] = {}
+    kind_dtype = np.array([dtype_ids.setdefault(d, len(dtype_ids)) for d, _ in kinds], dtype=np.int64)
+    entries, which, layer, expert = profile.locate_many(names, kind_dtype[kind], list(dtype_ids))
+    nbytes = [dtypes.lookup(d).nbytes(shape) for d, shape in kinds]
     span = int(layer.max()) + 2
     if layer.dtype != object and span * len(kinds) * len(entries) < 1 << 62:
         _, first, count = np.unique((which * len(kinds) + kind) * span + (layer + 1), return_index=True,
@@ -164,8 +167,8 @@ def _group_tensors(profile, headers) -> tuple[dict[tuple, list], set[tuple[int, 
         count = np.bincount(ids)
     groups: dict[tuple, list] = {}
     for i, c in zip(first.tolist(), count.tolist()):
-        groups[(entries[which[i]], int(layer[i]) if layer[i] >= 0 else None, *kinds[kind[i]])] = [
-            c, names[i], int(nbytes[i])]
+        k = int(kind[i])
+        groups[(entries[which[i]], int(layer[i]) if layer[i] >= 0 else None, *kinds[k])] = [c, names[i], nbytes[k]]
     pair = (layer >= 0) & (expert >= 0)
     experts = set(zip(layer[pair].tolist(), expert[pair].tolist()))
     other = [i for i, e in enumerate(entries) if e.role is Role.OTHER]

@@ -34,7 +34,9 @@ _NAMES = [
 
 
 def _check(profile, names, dtypes):
-    entries, which, layer, expert = profile.locate_many(names, dtypes)
+    distinct = sorted(set(dtypes))
+    codes = np.array([distinct.index(d) for d in dtypes], dtype=np.int64)
+    entries, which, layer, expert = profile.locate_many(names, codes, distinct)
     for i, (n, d) in enumerate(zip(names, dtypes)):
         e, lay, ex = profile.locate(n, d)
         assert entries[which[i]] is e, n

@@ -1,4 +1,5 @@
-"""A one-pass scanner for safetensors headers in the form every writer emits.
+"""One-pass scanners for safetensors headers and index files in the form every
+writer emits.
 
 ``json.loads`` builds three Python objects per tensor before the header rules
 can be checked; on a 497,220-tensor K3 that is most of the time to open it.
@@ -11,6 +12,10 @@ between tokens, no backslash escapes, integers below 10**18 -- and answers
 parser, which names the problem.  A header the scanner accepts is valid JSON
 with exactly the meaning its arrays describe; the caller still checks the
 safetensors rules (dtypes, sizes, contiguity, duplicate names).
+
+``scan_index`` does the same for ``model.safetensors.index.json``: the
+``weight_map`` object of plain strings as columns, every other top-level
+member as a byte span the caller parses strictly (they are small).
 """
 
 from __future__ import annotations
@@ -200,22 +205,23 @@ def _same(buf, a0, a1, b0, b1):
 
 
 @njit
-def _entry_kinds(buf, spans):
-    """Per tensor, the id of its (dtype, shape) text, ids numbered in order of
-    first appearance; and the first tensor of each id.  Headers repeat a few
-    hundred such texts hundreds of thousands of times, so Python then parses
-    each distinct one once.  Exact: equal ids mean byte-equal texts."""
-    n = spans.shape[0]
+def _kinds(buf, starts, ends):
+    """Per item, the id of its text ``buf[starts[t]:ends[t]]``, ids numbered in
+    order of first appearance, and the first item of each id.  Headers repeat a
+    few hundred (dtype, shape) texts hundreds of thousands of times, an index a
+    few shard names, so Python then handles each distinct text once.  Exact:
+    equal ids mean byte-equal texts."""
+    n = starts.shape[0]
     size = 1024
     while size < 2 * n:
         size *= 2
-    table = np.full(size, -1, dtype=np.int64)       # slot -> first tensor of a kind
+    table = np.full(size, -1, dtype=np.int64)       # slot -> first item of a kind
     kind = np.empty(n, dtype=np.int64)
     first = np.empty(n, dtype=np.int64)
     kinds = 0
     for t in range(n):
-        a0 = spans[t, DTYPE_S]
-        a1 = spans[t, SHAPE_E]
+        a0 = starts[t]
+        a1 = ends[t]
         h = np.uint64(14695981039346656037)
         for k in range(a0, a1):
             h = (h ^ np.uint64(buf[k])) * np.uint64(1099511628211)
@@ -228,7 +234,7 @@ def _entry_kinds(buf, spans):
                 first[kinds] = t
                 kinds += 1
                 break
-            if _same(buf, a0, a1, spans[r, DTYPE_S], spans[r, SHAPE_E]):
+            if _same(buf, a0, a1, starts[r], ends[r]):
                 kind[t] = kind[r]
                 break
             slot = (slot + 1) & (size - 1)
@@ -236,19 +242,19 @@ def _entry_kinds(buf, spans):
 
 
 @njit
-def _names_blob(buf, spans):
-    """The tensor names joined by newlines (names hold no control characters)."""
-    n = spans.shape[0]
+def _names_blob(buf, starts, ends):
+    """The texts ``buf[starts[t]:ends[t]]`` joined by newlines (plain strings hold no control characters)."""
+    n = starts.shape[0]
     total = 0
     for t in range(n):
-        total += spans[t, NAME_E] - spans[t, NAME_S] + 1
+        total += ends[t] - starts[t] + 1
     out = np.empty(max(total - 1, 0), dtype=np.uint8)
     j = 0
     for t in range(n):
         if t:
             out[j] = 10
             j += 1
-        for k in range(spans[t, NAME_S], spans[t, NAME_E]):
+        for k in range(starts[t], ends[t]):
             out[j] = buf[k]
             j += 1
     return out
@@ -263,8 +269,8 @@ def scan_header(buf):
     if meta[0] == -2:
         empty = np.empty(0, dtype=np.int64)
         return spans, meta, np.empty(0, dtype=np.uint8), empty, empty
-    kind, first = _entry_kinds(buf, spans)
-    return spans, meta, _names_blob(buf, spans), kind, first
+    kind, first = _kinds(buf, spans[:, DTYPE_S], spans[:, SHAPE_E])
+    return spans, meta, _names_blob(buf, spans[:, NAME_S], spans[:, NAME_E]), kind, first
 
 
 @njit
@@ -320,3 +326,138 @@ def _scan(buf):
     if _ws(buf, i) != n:
         return bad
     return spans[:k], meta
+
+
+@njit
+def _skip_value(buf, i):
+    """Index after the JSON value at ``i`` (structure only: the caller parses the
+    span strictly), or -1; strings with escapes give -1."""
+    n = buf.shape[0]
+    if i >= n:
+        return -1
+    c = buf[i]
+    if c == 34:
+        e = _string_end(buf, i)
+        return -1 if e < 0 else e + 1
+    if c == 123 or c == 91:
+        depth = 0
+        while i < n:
+            c = buf[i]
+            if c == 34:
+                e = _string_end(buf, i)
+                if e < 0:
+                    return -1
+                i = e + 1
+                continue
+            if c == 123 or c == 91:
+                depth += 1
+            elif c == 125 or c == 93:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return -1
+    j = i
+    while j < n and not (buf[j] == 44 or buf[j] == 125 or buf[j] == 93 or buf[j] == 32 or buf[j] == 10
+                         or buf[j] == 13 or buf[j] == 9):
+        j += 1
+    return j if j > i else -1
+
+
+_WEIGHT_MAP_KEY = np.frombuffer(b'"weight_map"', dtype=np.uint8)
+
+
+@njit
+def _scan_index(buf):
+    n = buf.shape[0]
+    cap = n // 8 + 1
+    pairs = np.empty((cap, 4), dtype=np.int64)       # name start/end, shard start/end
+    members = np.empty((64, 4), dtype=np.int64)      # other top-level key and value spans
+    bad = (False, pairs[:0], members[:0])
+    i = _ws(buf, 0)
+    if i >= n or buf[i] != 123:
+        return bad
+    i = _ws(buf, i + 1)
+    k = 0
+    m = 0
+    maps = 0
+    if i < n and buf[i] == 125:
+        return bad
+    while True:
+        e = _string_end(buf, i)
+        if e < 0:
+            return bad
+        j = _colon(buf, e + 1)
+        if j < 0:
+            return bad
+        if _lit(buf, i, _WEIGHT_MAP_KEY) == e + 1:
+            maps += 1
+            if maps > 1 or j >= n or buf[j] != 123:
+                return bad
+            i = _ws(buf, j + 1)
+            if i < n and buf[i] == 125:
+                i += 1
+            else:
+                while True:
+                    if k >= cap:
+                        return bad
+                    e = _string_end(buf, i)
+                    if e < 0:
+                        return bad
+                    pairs[k, 0] = i + 1
+                    pairs[k, 1] = e
+                    i = _colon(buf, e + 1)
+                    if i < 0:
+                        return bad
+                    e = _string_end(buf, i)
+                    if e < 0:
+                        return bad
+                    pairs[k, 2] = i + 1
+                    pairs[k, 3] = e
+                    k += 1
+                    i = _ws(buf, e + 1)
+                    if i >= n:
+                        return bad
+                    if buf[i] == 125:
+                        i += 1
+                        break
+                    if buf[i] != 44:
+                        return bad
+                    i = _ws(buf, i + 1)
+        else:
+            if m >= members.shape[0]:
+                return bad
+            end = _skip_value(buf, j)
+            if end < 0:
+                return bad
+            members[m, 0] = i
+            members[m, 1] = e + 1
+            members[m, 2] = j
+            members[m, 3] = end
+            m += 1
+            i = end
+        i = _ws(buf, i)
+        if i >= n:
+            return bad
+        if buf[i] == 125:
+            i += 1
+            break
+        if buf[i] != 44:
+            return bad
+        i = _ws(buf, i + 1)
+    if _ws(buf, i) != n or maps != 1:
+        return bad
+    return True, pairs[:k], members[:m]
+
+
+@njit
+def scan_index(buf):
+    """A plain index: (ok, other members' (key start, key end, value start, value
+    end) [m, 4], weight_map names joined by newlines, shard id per name, first
+    name of each shard id, weight_map pairs [n, 4])."""
+    ok, pairs, members = _scan_index(buf)
+    if not ok:
+        empty = np.empty(0, dtype=np.int64)
+        return False, members, np.empty(0, dtype=np.uint8), empty, empty, pairs
+    kind, first = _kinds(buf, pairs[:, 2], pairs[:, 3])
+    return True, members, _names_blob(buf, pairs[:, 0], pairs[:, 1]), kind, first, pairs

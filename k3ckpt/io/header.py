@@ -25,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import json
 import operator
 import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -78,6 +79,22 @@ class Header:
     tensors: dict[str, TensorInfo]  # ordered by start offset
     metadata: dict[str, str]
     header_size: int                # N, the JSON length in bytes (padding included)
+    # (distinct (dtype, shape) pairs, index into them per tensor in ``tensors`` order),
+    # when the parse found them anyway; ``kind_table`` computes them otherwise.
+    kinds: tuple[list[tuple[str, tuple[int, ...]]], np.ndarray] | None = field(default=None, compare=False,
+                                                                               repr=False)
+
+    def kind_table(self) -> tuple[list[tuple[str, tuple[int, ...]]], np.ndarray]:
+        """The distinct (dtype, shape) pairs and each tensor's index into them:
+        whole-header work (``inspect``) then runs per pair, not per tensor."""
+        if self.kinds is not None:
+            return self.kinds
+        seen: dict[tuple, int] = {}
+        first = np.fromiter(map(seen.setdefault, map(_DTYPE_SHAPE, self.tensors.values()), itertools.count()),
+                            dtype=np.int64, count=len(self.tensors))
+        firsts, kind_of = np.unique(first, return_inverse=True)
+        infos = list(self.tensors.values())
+        return [_DTYPE_SHAPE(infos[i]) for i in firsts.tolist()], kind_of.reshape(-1)
 
     @property
     def data_start(self) -> int:
@@ -234,6 +251,42 @@ def loads_strict(raw: bytes, *, source: str, what: str = "JSON", parse_float: An
         raise InvalidFileError(f"{what} does not parse: {e}", file=source) from None
 
 
+def loads_index(raw: bytes, *, source: str, what: str = "index JSON") -> Any:
+    """An index file, exactly as ``loads_strict`` gives it; a large one in the
+    plain form every writer emits is read by one scan (``scan_index``)
+    instead of building the JSON objects of half a million entries."""
+    plain = _plain_index(bytes(raw), source=source, what=what)
+    return plain if plain is not None else loads_strict(raw, source=source, what=what)
+
+
+def _plain_index(raw: bytes, *, source: str, what: str) -> dict | None:
+    if len(raw) < _PLAIN_SCAN_MIN or not raw.isascii():
+        return None
+    from ._header_scan import scan_index
+
+    ok, members, blob, kind, first, pairs = scan_index(np.frombuffer(raw, dtype=np.uint8))
+    if not ok:
+        return None
+    names = blob.tobytes().decode("ascii").split("\n") if len(pairs) else []
+    if len(names) != len(pairs):
+        return None
+    shards = [raw[a:b].decode("ascii") for a, b in pairs[first][:, 2:4].tolist()]
+    weight_map = dict(zip(names, map(shards.__getitem__, kind.tolist())))
+    if len(weight_map) != len(names):   # a repeated name: the strict parser names it
+        return None
+    obj: dict[str, Any] = {}
+    for k0, k1, v0, v1 in members.tolist():
+        key = raw[k0 + 1: k1 - 1].decode("ascii")
+        if key in obj:
+            return None
+        try:
+            obj[key] = loads_strict(raw[v0:v1], source=source, what=what)
+        except InvalidFileError:   # the strict parse of the whole file says where
+            return None
+    obj["weight_map"] = weight_map
+    return obj
+
+
 def _is_int(x: Any) -> bool:
     return type(x) is int  # bool is an int subclass; JSON true/false are not sizes
 
@@ -357,15 +410,17 @@ def _bulk_infos(obj: dict) -> list[TensorInfo] | None:
         kind_of = np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
-    return _infos_from_columns(names, list(ids), kind_of, begin, end)
+    got = _infos_from_columns(names, list(ids), kind_of, begin, end)
+    return None if got is None else got[0]
 
 
 def _infos_from_columns(names, kinds: list[tuple], kind_of: np.ndarray, begin: np.ndarray,
-                        end: np.ndarray) -> list[TensorInfo] | None:
+                        end: np.ndarray) -> tuple[list[TensorInfo], tuple] | None:
     """Header entries sorted by offsets, from the tensor names, the distinct
     (dtype name, shape) pairs ``kinds``, each tensor's index into ``kinds`` and
-    the offset columns; None unless every dtype is known, every size matches its
-    shape and the data is contiguous from 0.  Checks run once per kind and over
+    the offset columns, with the kind table in that order (``Header.kinds``);
+    None unless every dtype is known, every size matches its shape and the data
+    is contiguous from 0.  Checks run once per kind and over
     whole columns (numpy): a 497,220-tensor K3 holds a few hundred kinds."""
     sizes: list[int] = []
     canon: list[tuple[str, tuple[int, ...]]] = []
@@ -390,15 +445,17 @@ def _infos_from_columns(names, kinds: list[tuple], kind_of: np.ndarray, begin: n
         return None
     pick = operator.itemgetter(*order.tolist())
     dts, shapes = zip(*canon)
-    k = kind_of[order].tolist()
-    return list(map(_new_info, zip(pick(names), operator.itemgetter(*k)(dts), operator.itemgetter(*k)(shapes),
-                                   b.tolist(), e.tolist())))
+    sorted_kinds = kind_of[order]
+    k = sorted_kinds.tolist()
+    infos = list(map(_new_info, zip(pick(names), operator.itemgetter(*k)(dts), operator.itemgetter(*k)(shapes),
+                                    b.tolist(), e.tolist())))
+    return infos, (canon, sorted_kinds)
 
 
 _PLAIN_SCAN_MIN = 1 << 18   # smaller headers parse fast enough as JSON; spares numba's import
 
 
-def _plain_header(raw: bytes, source: str) -> tuple[list[TensorInfo], dict[str, str]] | None:
+def _plain_header(raw: bytes, source: str) -> tuple[list[TensorInfo], dict[str, str], tuple] | None:
     """Entries and metadata of a large header in the plain form every writer
     emits (``_header_scan``), without building JSON objects; None when the
     header is not plain or breaks a rule, and the strict parser decides."""
@@ -417,20 +474,21 @@ def _plain_header(raw: bytes, source: str) -> tuple[list[TensorInfo], dict[str, 
         d0, d1, s0, s1 = spans[t, 2:6].tolist()
         shape = raw[s0:s1].decode("ascii")
         kinds.append((raw[d0:d1].decode("ascii"), tuple(int(d) for d in shape.split(",")) if shape.strip() else ()))
-    infos = _infos_from_columns(names, kinds, kind_of, spans[:, 6], spans[:, 7])
-    if infos is None:
+    got = _infos_from_columns(names, kinds, kind_of, spans[:, 6], spans[:, 7])
+    if got is None:
         return None
     metadata: dict[str, str] = {}
     if meta[0] >= 0:
         obj = loads_strict(raw[meta[0]: meta[1]], source=source, what="header JSON")
         metadata = _parse_metadata(obj, source=source)
-    return infos, metadata
+    return got[0], metadata, got[1]
 
 
 _new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo from a 5-tuple, no Python frame
 
 
 _START_END = operator.itemgetter(3, 4)   # TensorInfo (start, end)
+_DTYPE_SHAPE = operator.itemgetter(1, 2)
 _START = operator.itemgetter(3)
 _END = operator.itemgetter(4)
 
@@ -443,7 +501,7 @@ def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) 
         raise InvalidFileError(f"header JSON must start with '{{', found {bytes(raw[:1])!r}", file=source)
     plain = _plain_header(bytes(raw), source)
     if plain is not None:
-        return _finish_header(plain[0], plain[1], n, source=source, file_size=file_size)
+        return _finish_header(plain[0], plain[1], n, source=source, file_size=file_size, kinds=plain[2])
     floats: list[str] = []
     obj = loads_strict(raw, source=source, what="header JSON", parse_float=lambda t: floats.append(t) or float(t))
     if not isinstance(obj, dict):  # pragma: no cover - a '{' start guarantees an object or a parse error
@@ -491,7 +549,7 @@ def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) 
 
 
 def _finish_header(infos: list[TensorInfo], metadata: dict[str, str], n: int, *, source: str,
-                   file_size: int | None) -> Header:
+                   file_size: int | None, kinds: tuple | None = None) -> Header:
     """The contiguity and file-size rules over entries sorted by (begin, end)."""
     starts = list(map(_START, infos))
     ends = list(map(_END, infos))
@@ -523,7 +581,7 @@ def _finish_header(infos: list[TensorInfo], metadata: dict[str, str], n: int, *,
                 f"expected {8 + n + pos:,})",
                 file=source,
             )
-    return Header(tensors={t.name: t for t in infos}, metadata=metadata, header_size=n)
+    return Header(tensors={t.name: t for t in infos}, metadata=metadata, header_size=n, kinds=kinds)
 
 
 def read_header(f_or_path: Any, *, source: str | None = None) -> Header:

@@ -35,7 +35,7 @@ from ..errors import (
     UsageError,
 )
 from . import dtypes
-from .header import Header, TensorInfo, loads_strict, paused_gc, read_header
+from .header import Header, TensorInfo, loads_index, loads_strict, paused_gc, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -194,11 +194,11 @@ def _natural_key(name: str) -> list[Any]:
     return [(0, int(t), t) if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
-def _load_json_file(path: Path, *, what: str) -> Any:
+def _load_json_file(path: Path, *, what: str, index: bool = False) -> Any:
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise InvalidFileError(f"{what} is {size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit", file=str(path))
-    return loads_strict(path.read_bytes(), source=str(path), what=what)
+    return (loads_index if index else loads_strict)(path.read_bytes(), source=str(path), what=what)
 
 
 def load_config(path: str | os.PathLike) -> dict:
@@ -274,17 +274,24 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source)
         check_shard_name(s, source=index_source)
 
     headers: dict[str, Header] = {}
-    shard_of: dict[str, str] = {}
-    held = 0
     with paused_gc():
         for s in shards:
-            h = read_header(sources[s], source=_label(root, s))
-            headers[s] = h
-            shard_of.update(dict.fromkeys(h.tensors, s))
-            held += len(h.tensors)
-    # Whole-table checks at C speed (a K3 index names 497,220 tensors); the
-    # per-name walk below runs only to name what is wrong.
-    if held != len(shard_of) or (weight_map is not None and shard_of != weight_map):
+            headers[s] = read_header(sources[s], source=_label(root, s))
+        # Whole-table checks at C speed (a K3 index names 497,220 tensors); the
+        # per-name walk in _explain_mismatch runs only to name what is wrong.
+        held = sum(len(h.tensors) for h in headers.values())
+        if weight_map is not None:
+            # Every header name maps to its own shard and the counts agree: then
+            # no name sits in two headers and the index lists exactly these.
+            agree = held == len(weight_map) and all(
+                set(map(weight_map.get, h.tensors)) == {s} for s, h in headers.items() if h.tensors)
+            shard_of = weight_map
+        else:
+            shard_of = {}
+            for s, h in headers.items():
+                shard_of.update(dict.fromkeys(h.tensors, s))
+            agree = held == len(shard_of)
+    if not agree:
         _explain_mismatch(shards, headers, weight_map, root=root, index_source=index_source)
     used = {s: sources[s] for s in shards}
     for s, src in sources.items():  # sources the index does not name are not ours to keep open
@@ -519,7 +526,7 @@ def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSour
         root = path
         index_path = path / INDEX_NAME
         if index_path.is_file():
-            index_json = _load_json_file(index_path, what="index JSON")
+            index_json = _load_json_file(index_path, what="index JSON", index=True)
             weight_map, _ = parse_index(index_json, source=str(index_path))
             names = sorted(set(weight_map.values()), key=_natural_key)
         else:

@@ -116,3 +116,68 @@ def test_fuzz_byte_edits_agree(seed, flips, cuts):
         _same(bytes(raw), mp)
     finally:
         mp.undo()
+
+
+def _index_outcome(raw: bytes, monkeypatch, *, plain: bool):
+    monkeypatch.setattr(H, "_PLAIN_SCAN_MIN", 0 if plain else 1 << 60)
+    try:
+        return H.loads_index(raw, source="x")
+    except K3ckptError as e:
+        return (type(e), str(e))
+
+
+def _index_same(raw: bytes, monkeypatch):
+    strict = _index_outcome(raw, monkeypatch, plain=False)
+    assert _index_outcome(raw, monkeypatch, plain=True) == strict
+    return strict
+
+
+def _index(n=50, indent=2) -> bytes:
+    wm = {f"model.layers.{i}.mlp.experts.{i % 5}.w1.weight": f"model-{i % 4 + 1:05d}-of-00004.safetensors"
+          for i in range(n)}
+    return json.dumps({"metadata": {"total_size": 123, "note": ["a", {"b": None}]}, "weight_map": wm},
+                      indent=indent).encode()
+
+
+def test_index_scan_agrees(monkeypatch):
+    from k3ckpt.io._header_scan import scan_index
+
+    for raw in (_index(), _index(indent=None), _index(0)):
+        assert scan_index(__import__("numpy").frombuffer(raw, dtype="uint8"))[0]   # the plain path ran
+        obj = _index_same(raw, monkeypatch)
+        assert obj == json.loads(raw)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace('"weight_map"', '"weight_map": {}, "weight_map"', 1),
+    lambda s: s.replace('"metadata"', '"metadata": 1, "metadata"', 1),
+    lambda s: s.replace('"model.layers.1.', '"model.layers.0.', 1).replace('"model.layers.1.', '"model.layers.0.', 1),
+    lambda s: s.replace('"total_size": 123', '"total_size": NaN', 1),
+    lambda s: s.replace('"total_size": 123', '"total_size": 01', 1),
+    lambda s: s.replace('safetensors"', 'safetensors\\u0022"', 1),
+    lambda s: s.replace('safetensors"', 'safetensors', 1),
+    lambda s: s.replace('"weight_map"', '"weight_maps"', 1),
+    lambda s: s.replace(': "model-0', ': 5, "x": "model-0', 1),
+    lambda s: s.replace('{"b": null}', '{"b": null', 1),
+    lambda s: s + "}",
+    lambda s: "[" + s + "]",
+])
+def test_index_edits_agree(edit, monkeypatch):
+    _index_same(edit(_index().decode()).encode(), monkeypatch)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 255)), max_size=3),
+       st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 20)), max_size=2))
+def test_fuzz_index_edits_agree(flips, cuts):
+    mp = pytest.MonkeyPatch()
+    try:
+        raw = bytearray(_index(40))
+        for at, v in flips:
+            raw[at % len(raw)] = v
+        for at, k in cuts:
+            at %= len(raw)
+            del raw[at: at + k]
+        _index_same(bytes(raw), mp)
+    finally:
+        mp.undo()

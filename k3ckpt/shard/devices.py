@@ -232,7 +232,8 @@ class DeviceSet:
     def describe(self) -> str:
         nv = f", NVMe {len(self.nvme)} x {self.nvme[0].read_bw / GB:g} GB/s per node" if self.nvme else ""
         return (
-            f"{self.num_gpus} x {self.device.name} ({self.nodes} nodes x {self.gpus_per_node}, "
+            f"{self.num_gpus} x {self.device.name} ({self.nodes} node{'s' if self.nodes != 1 else ''} "
+            f"x {self.gpus_per_node}, "
             f"scale-up {self.scaleup_domain}){nv}"
         )
 

@@ -1,13 +1,19 @@
 """``k3ckpt dequant``: decode quantized weights to bf16/f16/f32, copy the rest.
 
-Quantized weights are found by the profile's storage ids and decoded through
-the format registry, in row chunks, straight into the output file (bounded
-memory).  Output names are the plain ones a float checkpoint would use:
-``...w1.weight`` for ``...w1.weight_packed`` + ``...w1.weight_scale``; gpt-oss's
-fused ``experts.gate_up_proj_blocks`` becomes per-expert ``experts.E.gate_proj.weight``
+Quantized weights are found by the profile's storage ids (which are format
+registry ids) and decoded through the format registry, in row chunks, straight
+into the output file (bounded memory): MXFP4 (compressed-tensors and gpt-oss
+layouts), block FP8 (DeepSeek-V3 / Kimi K2; chunks start on 128-row tiles),
+INT4 pack-quantized (Kimi K2-Thinking), NVFP4 (compressed-tensors and ModelOpt
+naming) and the k3ckpt formats a k3ckpt config declares.  Output names are the
+plain ones a float checkpoint would use: ``...w1.weight`` for
+``...w1.weight_packed`` + ``...w1.weight_scale``; gpt-oss's fused
+``experts.gate_up_proj_blocks`` becomes per-expert ``experts.E.gate_proj.weight``
 and ``experts.E.up_proj.weight`` (even rows gate, odd rows up), [out, in] as on
-disk.  Every other tensor is copied byte for byte.  config.json's
-``quantization_config`` is dropped, or narrowed to what is still quantized.
+disk.  A decoded module's activation scales (``input_scale``,
+``input_global_scale``) are dropped and listed.  Every other tensor is copied
+byte for byte.  config.json's ``quantization_config`` (and ModelOpt's
+``hf_quant_config.json``) is dropped, or narrowed to what is still quantized.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .errors import OutputExistsError, UnsupportedError, UsageError
+from .errors import InvalidFileError, NaNScaleError, OutputExistsError, ShapeError, UnsupportedError, UsageError
 from .io.dtypes import lookup, value_dtype
 from .io.reader import Checkpoint
 from .io.writer import ShardedWriter, TensorSpec, atomic_write_json
@@ -43,6 +49,7 @@ class DecodedWeight:
     parts: dict[str, str]            # role -> source tensor name
     shape: tuple[int, ...]           # logical decoded shape
     outputs: tuple[str, ...]         # output tensor names (several for gpt-oss unfusing)
+    extras: tuple[str, ...] = ()     # the module's activation scales, dropped with the decoded weight
 
 
 @dataclass(frozen=True)
@@ -55,12 +62,18 @@ class DequantResult:
     inexact: dict[str, int] = field(default_factory=dict)      # weight -> values the out dtype rounded
     shards: tuple[str, ...] = ()
     bytes_written: int = 0
+    dropped: tuple[str, ...] = ()            # activation scales of decoded modules (input_scale, ...)
 
 
 def _gptoss_outputs(base: str, experts: int) -> tuple[str, ...]:
     stem, fused = base.rsplit(".", 1)             # "model.layers.0.mlp.experts", "gate_up_proj"
     projs = ("gate_proj", "up_proj") if fused == "gate_up_proj" else (fused,)
     return tuple(f"{stem}.{e}.{p}.weight" for e in range(experts) for p in projs)
+
+
+# Activation scales that belong to a quantized module (ModelOpt W4A4, static FP8,
+# compressed-tensors NVFP4 W4A4): meaningless once its weight is plain floats.
+_ACTIVATION_SCALES = (".input_scale", ".input_global_scale")
 
 
 def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
@@ -85,14 +98,12 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
         if tr.storage not in decodable:
             undecodable.append(f"{name} ({tr.storage}: no decoder yet)")
             continue
-        fmt = get_format(tr.storage)
-        for part in fmt.info.parts:
-            if name.endswith(part.suffix) and len(name) > len(part.suffix):
-                base = name[: len(name) - len(part.suffix)]
-                groups.setdefault((tr.storage, base), {})[part.role] = name
-                break
-        else:
+        part = get_format(tr.storage).match_name(name)
+        if part is None:
             undecodable.append(f"{name} ({tr.storage}: unexpected tensor name)")
+            continue
+        base, role = part
+        groups.setdefault((tr.storage, base), {})[role] = name
     weights = []
     for (storage, base), parts in groups.items():
         fmt = get_format(storage)
@@ -100,18 +111,51 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
         if missing:
             undecodable.extend(f"{n} ({storage}: missing part(s) {missing})" for n in parts.values())
             continue
-        first = fmt.info.parts[0]
-        pshape = ckpt.entry(parts[first.role]).shape
-        ntrail = len(first.per_block)
-        shape = tuple(pshape[:-ntrail]) + (pshape[-ntrail] // first.per_block[0] * fmt.info.block,)
+        try:
+            shape = _logical_shape(ckpt, fmt, parts)
+        except (InvalidFileError, ShapeError) as exc:  # left as stored, with the reason
+            undecodable.extend(f"{n} ({storage}: {exc.detail})" for n in parts.values())
+            continue
         if storage == "gpt-oss-mxfp4":
             outputs = _gptoss_outputs(base, shape[0])
             weight = base
         else:
             weight = base + ".weight" if fmt.info.parts[0].suffix.startswith(".weight") else base
             outputs = (weight,)
-        weights.append(DecodedWeight(weight, storage, dict(parts), shape, outputs))
+        extras = tuple(base + s for s in _ACTIVATION_SCALES if base + s in ckpt.tensors)
+        weights.append(DecodedWeight(weight, storage, dict(parts), shape, outputs, extras))
     return weights, undecodable
+
+
+def _logical_shape(ckpt: Checkpoint, fmt, parts: dict[str, str]) -> tuple[int, ...]:
+    """The decoded shape from the parts' headers, after checking every part's
+    dtype and shape against the format (``InvalidFileError`` naming what differs)."""
+    shapes = {role: tuple(ckpt.entry(n).shape) for role, n in parts.items()}
+    first = fmt.info.parts[0]
+    if hasattr(fmt, "logical_shape_from_shapes"):  # block FP8: 2-D tiles fix nothing per row
+        shape = fmt.logical_shape_from_shapes(shapes)
+    else:
+        pshape = shapes[first.role]
+        ntrail = len(first.per_block)
+        if len(pshape) < ntrail or pshape[-ntrail] % first.per_block[0]:
+            raise InvalidFileError(f"{fmt.id} part {first.role!r} has shape {list(pshape)}",
+                                   tensor=parts[first.role])
+        shape = tuple(pshape[:-ntrail]) + (pshape[-ntrail] // first.per_block[0] * fmt.info.block,)
+    specs = fmt.part_specs(shape)
+    tensor_roles = {t.role for t in fmt.info.tensor_parts}
+    for role, name in parts.items():
+        e, spec = ckpt.entry(name), specs[role]
+        if role in tensor_roles:
+            # fixed-size per-weight tensors: ModelOpt writes scalars as [] (we write [1]);
+            # INT4 weight_shape is I64 today, I32 in some checkpoints
+            ok = math.prod(e.shape) == math.prod(spec.shape) and (
+                e.dtype == spec.dtype or (spec.dtype == "I64" and e.dtype == "I32"))
+        else:
+            ok = tuple(e.shape) == spec.shape and e.dtype == spec.dtype
+        if not ok:
+            raise InvalidFileError(f"{fmt.id} part {role!r} should be {spec.dtype} {list(spec.shape)} for a "
+                                   f"weight of shape {list(shape)}, found {e.dtype} {list(e.shape)}", tensor=name)
+    return shape
 
 
 def _declared(ckpt: Checkpoint, decodable: set[str]):
@@ -147,7 +191,7 @@ def _first_parts(ckpt: Checkpoint, todo: list[DecodedWeight]) -> dict[str, Decod
 def _output_specs(ckpt: Checkpoint, todo: list[DecodedWeight], out_dtype: str) -> tuple[list[TensorSpec], dict]:
     """Output tensors in source order: a decoded weight takes the place of its first part."""
     by_first = _first_parts(ckpt, todo)
-    consumed = {n for w in todo for n in w.parts.values()}
+    consumed = {n for w in todo for n in (*w.parts.values(), *w.extras)}
     fused_bias = {}
     for w in todo:
         if w.format == "gpt-oss-mxfp4":
@@ -186,45 +230,91 @@ def _convert(x: np.ndarray, out_dtype: str) -> tuple[np.ndarray, int]:
     return y, changed
 
 
-def _decode_chunks(ckpt: Checkpoint, w: DecodedWeight) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, decoded float32 rows) over the weight's leading dimension."""
+def _row_step(fmt, shape: tuple[int, ...]) -> int:
+    """Leading-axis rows per chunk: about ``_CHUNK_BYTES`` of float32, a whole
+    number of scale tiles for formats whose scale rows cover several rows (block FP8)."""
+    row_elems = math.prod(shape[1:])
+    step = max(1, _CHUNK_BYTES // (4 * max(row_elems, 1)))
+    tile = getattr(fmt, "tile", 1) if len(shape) == 2 else 1  # [B, N, K]: B is the batch, one scale block each
+    return -(-step // tile) * tile
+
+
+def _part_rows(fmt, shape: tuple[int, ...], role: str, r0: int, r1: int) -> tuple[int, int]:
+    if hasattr(fmt, "part_rows") and len(shape) == 2:
+        return fmt.part_rows(role, r0, r1, shape[0])
+    return r0, r1
+
+
+def _decode_chunks(ckpt: Checkpoint, w: DecodedWeight) -> Iterator[tuple[int, np.ndarray, dict]]:
+    """(first row, decoded float32 rows, the stored parts of those rows) over the
+    weight's leading dimension."""
     from .formats import get_format
 
     fmt = get_format(w.format)
     lead = w.shape[0]
-    row_elems = math.prod(w.shape[1:])
-    step = max(1, _CHUNK_BYTES // (4 * max(row_elems, 1)))
+    tensor_roles = {t.role for t in fmt.info.tensor_parts}
+    dtype_of = {p.role: p.dtype for p in fmt.info.parts} | {t.role: t.dtype for t in fmt.info.tensor_parts}
+    # per-weight parts (MX2's levels, NVFP4's per-tensor scale) have a fixed shape: read once, whole
+    fixed = {role: _read_fixed(ckpt, w, role, tensor, dtype_of[role])
+             for role, tensor in w.parts.items() if role in tensor_roles}
+    step = _row_step(fmt, w.shape)
     for r0 in range(0, lead, step):
         r1 = min(lead, r0 + step)
-        parts = {}
-        tensor_roles = {t.role for t in fmt.info.tensor_parts}
-        dtype_of = {p.role: p.dtype for p in fmt.info.parts} | {t.role: t.dtype for t in fmt.info.tensor_parts}
+        parts = dict(fixed)
         for role, tensor in w.parts.items():
-            # per-weight parts (MX2's levels) have a fixed shape: read whole, not by rows
-            raw = ckpt.read_raw(tensor) if role in tensor_roles else ckpt.read_rows(tensor, r0, r1)
-            parts[role] = raw.view(np.dtype(lookup(dtype_of[role]).storage))
-        yield r0, fmt.decode(parts, out=np.float32, name=w.weight)
+            if role not in tensor_roles:
+                a, b = _part_rows(fmt, w.shape, role, r0, r1)
+                parts[role] = ckpt.read_rows(tensor, a, b).view(np.dtype(lookup(dtype_of[role]).storage))
+        yield r0, fmt.decode(parts, out=np.float32, name=w.weight), parts
 
 
-def _nan_blocks(ckpt: Checkpoint, w: DecodedWeight, r0: int, r1: int, x: np.ndarray) -> int:
+def _read_fixed(ckpt: Checkpoint, w: DecodedWeight, role: str, tensor: str, dtype: str) -> np.ndarray:
+    """A per-weight part; a per-tensor scale that is NaN (or not a positive finite
+    number) has nothing to decode to, so the weight is refused."""
+    raw = ckpt.read_raw(tensor)
+    if role in ("global_scale", "scale_2"):
+        v = raw.view(np.float32).reshape(-1)
+        if np.isnan(v).any():
+            raise NaNScaleError(f"the per-tensor scale is NaN; weight {w.weight} cannot be decoded", tensor=tensor)
+        if not (np.isfinite(v) & (v > 0)).all():
+            raise InvalidFileError(f"the per-tensor scale must be finite and positive, found {v.tolist()}",
+                                   tensor=tensor)
+    if dtype == "F32":
+        return raw.view(np.float32)
+    return raw
+
+
+# Scale encodings whose NaN we count: one stored scale is one block (a tile for block FP8).
+_NAN_SCALE = {
+    "U8": lambda a: a == 0xFF,                                   # E8M0: 0xFF is NaN
+    "F8_E4M3": lambda a: (a & 0x7F) == 0x7F,                     # E4M3 (fn): S.1111.111
+    "BF16": lambda a: (a & 0x7FFF) > 0x7F80,
+    "F16": lambda a: (a & 0x7FFF) > 0x7C00,
+    "F32": lambda a: np.isnan(a.view(np.float32)),
+}
+_SCALE_ROLES = ("scale", "scales", "scale_inv")
+
+
+def _nan_blocks(w: DecodedWeight, parts: dict, x: np.ndarray) -> int:
+    """Blocks of this chunk whose stored scale is NaN (they decode to NaN)."""
     from .formats import get_format
 
     info = get_format(w.format).info
-    if info.tensor_parts:
-        # The scale byte alone does not say it (MX2: offset 63, or base + offset past 254):
-        # count the blocks that decoded to NaN.
-        return int(np.count_nonzero(np.isnan(x.reshape(-1, info.block)).any(axis=1)))
-    scale = w.parts.get("scale") or w.parts.get("scales")
-    if scale is None:
+    scale = next((p for p in info.parts if p.role in _SCALE_ROLES), None)
+    if scale is None or scale.dtype not in _NAN_SCALE:
         return 0
-    return int(np.count_nonzero(ckpt.read_rows(scale, r0, r1) == 0xFF))
+    if scale.dtype == "U8" and info.tensor_parts:
+        # MX2: the scale byte alone does not say it (offset 63, or base + offset past
+        # 254): count the blocks that decoded to NaN.
+        return int(np.count_nonzero(np.isnan(x.reshape(-1, info.block)).any(axis=1)))
+    return int(np.count_nonzero(_NAN_SCALE[scale.dtype](parts[scale.role])))
 
 
 def _narrow_quant_config(config: dict, decoded: list[DecodedWeight], everything: bool) -> dict:
     """Drop ``quantization_config`` if nothing quantized is left, else list what we decoded as ignored."""
     config = copy.deepcopy(config)
     holders = [config] + ([config["text_config"]] if isinstance(config.get("text_config"), dict) else [])
-    modules = sorted({w.weight[: -len(".weight")] if w.weight.endswith(".weight") else w.weight for w in decoded})
+    modules = _modules(decoded)
     for holder in holders:
         qc = holder.get("quantization_config")
         if not isinstance(qc, dict):
@@ -232,10 +322,34 @@ def _narrow_quant_config(config: dict, decoded: list[DecodedWeight], everything:
         if everything:
             del holder["quantization_config"]
             continue
-        key = "modules_to_not_convert" if qc.get("quant_method") == "mxfp4" else "ignore"
-        existing = list(qc.get(key) or [])
-        qc[key] = existing + [m for m in modules if m not in existing]
+        _add_excluded(qc, _EXCLUDE_KEY.get(qc.get("quant_method"), "ignore"), modules)
     return config
+
+
+# Where each ecosystem lists the modules it leaves unquantized (transformers'
+# Mxfp4Config / FineGrainedFP8Config, ModelOpt, compressed-tensors' ``ignore``).
+_EXCLUDE_KEY = {"mxfp4": "modules_to_not_convert", "fp8": "modules_to_not_convert", "modelopt": "exclude_modules"}
+HF_QUANT_CONFIG = "hf_quant_config.json"   # ModelOpt's own copy of its settings
+
+
+def _add_excluded(qc: dict, key: str, modules: list[str]) -> None:
+    existing = list(qc.get(key) or [])
+    qc[key] = existing + [m for m in modules if m not in existing]
+
+
+def _modules(decoded: list[DecodedWeight]) -> list[str]:
+    return sorted({w.weight[: -len(".weight")] if w.weight.endswith(".weight") else w.weight for w in decoded})
+
+
+def _narrow_hf_quant_config(obj, decoded: list[DecodedWeight], everything: bool):
+    """ModelOpt's hf_quant_config.json narrowed like config.json; None when nothing quantized is left."""
+    if everything:
+        return None
+    obj = copy.deepcopy(obj)
+    q = obj.get("quantization") if isinstance(obj, dict) else None
+    if isinstance(q, dict):
+        _add_excluded(q, "exclude_modules", _modules(decoded))
+    return obj
 
 
 def copy_side_files(src_root: Path | None, dst: Path, *, skip: Callable[[str], bool]) -> list[str]:
@@ -280,30 +394,30 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
         raise UsageError(f"bad --tensors regular expression {pattern!r}: {exc}") from None
     weights, undecodable = find_quantized(ckpt)
     todo = [w for w in weights if rx is None or rx.search(w.weight)]
-    if rx is not None and not todo:
-        raise UsageError(f"--tensors {pattern!r} matches no decodable quantized weight")
     if rx is not None:
         picked = [u for u in undecodable if rx.search(u.split(" ", 1)[0])]
-        if picked:
+        if picked:  # the reason beats "matches nothing"
             raise UnsupportedError(f"cannot decode {picked[0]}")
+        if not todo:
+            raise UsageError(f"--tensors {pattern!r} matches no decodable quantized weight")
     skipped = tuple(undecodable + [f"{w.weight} (not selected)" for w in weights if w not in todo])
 
+    _check_tensor_scales(ckpt, todo)   # refuse before anything is written
     specs, fused_bias = _output_specs(ckpt, todo, out_dtype)
     dst = prepare_dst(dst)
     total = sum(s.nbytes for s in specs)
     nan_blocks: dict[str, int] = {}
     inexact: dict[str, int] = {}
     by_first = _first_parts(ckpt, todo)
-    consumed = {n for w in todo for n in w.parts.values()}
+    consumed = {n for w in todo for n in (*w.parts.values(), *w.extras)}
     copied = 0
     with ShardedWriter(dst, specs, max_shard_bytes=max_shard_bytes) as writer, \
             tqdm(total=total, unit="B", unit_scale=True, desc="dequant", disable=not progress) as bar:
         for name, e in ckpt.tensors.items():
             if name in by_first:
                 w = by_first[name]
-                for r0, x in _decode_chunks(ckpt, w):
-                    r1 = r0 + x.shape[0]
-                    nan_blocks[w.weight] = nan_blocks.get(w.weight, 0) + _nan_blocks(ckpt, w, r0, r1, x)
+                for r0, x, parts in _decode_chunks(ckpt, w):
+                    nan_blocks[w.weight] = nan_blocks.get(w.weight, 0) + _nan_blocks(w, parts, x)
                     y, changed = _convert(x, out_dtype)
                     if changed:
                         inexact[w.weight] = inexact.get(w.weight, 0) + changed
@@ -333,7 +447,16 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
     everything = not any(True for w in weights if w not in todo) and not undecodable
     if ckpt.config is not None:
         _write_json_atomic(dst / "config.json", _narrow_quant_config(ckpt.config, todo, everything))
-    copy_side_files(ckpt.root if ckpt.root and ckpt.root.is_dir() else None, dst, skip=_is_weight_file)
+    root = ckpt.root if ckpt.root and ckpt.root.is_dir() else None
+    copy_side_files(root, dst, skip=lambda n: _is_weight_file(n) or n == HF_QUANT_CONFIG)
+    if root is not None and (root / HF_QUANT_CONFIG).is_file():
+        try:
+            hqc = json.loads((root / HF_QUANT_CONFIG).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidFileError(f"not valid JSON: {exc}", file=str(root / HF_QUANT_CONFIG)) from None
+        narrowed = _narrow_hf_quant_config(hqc, todo, everything)
+        if narrowed is not None:
+            _write_json_atomic(dst / HF_QUANT_CONFIG, narrowed)
     return DequantResult(
         dst=str(dst),
         decoded=tuple(w.weight for w in todo),
@@ -343,7 +466,16 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
         inexact=inexact,
         shards=tuple(p.name for p in written),
         bytes_written=total,
+        dropped=tuple(n for w in todo for n in w.extras),
     )
+
+
+def _check_tensor_scales(ckpt: Checkpoint, todo: list[DecodedWeight]) -> None:
+    """NVFP4's per-tensor scale of every selected weight is a usable number (a NaN raises NaNScaleError)."""
+    for w in todo:
+        for role in ("global_scale", "scale_2"):
+            if role in w.parts:
+                _read_fixed(ckpt, w, role, w.parts[role], "F32")
 
 
 def _write_unfused(writer: ShardedWriter, w: DecodedWeight, r0: int, y: np.ndarray) -> None:

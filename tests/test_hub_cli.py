@@ -48,3 +48,70 @@ def test_inspect_hf_url_errors_are_one_line(hub, k3_tiny):
     offline = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny", HF_HUB_OFFLINE="1")
     assert offline.returncode == 2 and "[RemoteError]" in offline.stderr and "cache" in offline.stderr
     assert hub.log == []
+
+
+def test_requant_cli_downloads_converts_within_budget_and_pushes(hub, k3_tiny, tmp_path):
+    repo = hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
+    dst = tmp_path / "out"
+    r = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", dst, "--workers", "1", "--max-disk", "20MB",
+            "--push-to-hub", "me/K3-tiny-w2", "--json", HF_TOKEN="hf_test")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    facts, pushed = out["hub"], out["pushed"]
+    shards = sorted(Path(k3_tiny).glob("*.safetensors"))
+    assert facts["commit"] == repo.commit() and facts["downloads"] == len(shards) and facts["refetches"] == 0
+    assert facts["bytes_downloaded"] == sum(p.stat().st_size for p in shards)
+    assert facts["peak_disk"] <= facts["max_disk"] == 20_000_000
+    pushed_repo = hub.repos["me/K3-tiny-w2"]
+    assert pushed["commit"] == pushed_repo.commit() and "README.md" in pushed_repo.resolve("main").files
+    assert not (dst / ".k3ckpt-staging").exists()
+    text = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "text", "--workers", "1", "-q")
+    assert text.returncode == 0, text.stderr
+    assert f"source hf://moonshotai/Kimi-K3-tiny@{repo.commit()}: {len(shards)} shard(s) staged (0 more than once)" in text.stdout
+
+
+def test_requant_cli_hub_option_errors(hub, k3_tiny, tmp_path):
+    hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
+    small = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "a", "--max-disk", "3MB")
+    assert small.returncode == 2 and "[DiskSpaceError]" in small.stderr and "largest source shard" in small.stderr
+    assert len(small.stderr.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
+    local = run(hub, "requant", k3_tiny, tmp_path / "b", "--max-disk", "1TB")
+    assert local.returncode == 2 and "only for an hf:// source" in local.stderr
+    lonely = run(hub, "requant", k3_tiny, tmp_path / "c", "--private")
+    assert lonely.returncode == 2 and "--push-to-hub" in lonely.stderr
+    bad = run(hub, "requant", k3_tiny, tmp_path / "d", "--push-to-hub", "not a repo")
+    assert bad.returncode == 2 and "--push-to-hub" in bad.stderr
+    offline = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "e", HF_HUB_OFFLINE="1")
+    assert offline.returncode == 2 and "HF_HUB_OFFLINE" in offline.stderr
+
+
+def test_shard_cli_from_hub(hub, k3_tiny, tmp_path):
+    import numpy as np
+
+    from k3ckpt.shard.devices import parse_devices
+    from k3ckpt.shard.plan import MoEGeometry, make_plan
+
+    hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
+    geo = MoEGeometry(3, 8, 2, 3 * (256 * 128 + 256 * 8), 10**6, (1, 2, 3), "k3-tiny")
+    plan = make_plan(geo, parse_devices("2xH100"), np.random.default_rng(0).lognormal(0, 1, (3, 8)), redundant=3)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    r = run(hub, "shard", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "out", "--plan", tmp_path / "plan.json",
+            "--max-disk", "20MB", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["hub"]["downloads"] == len(list(Path(k3_tiny).glob("*.safetensors")))
+    assert len(out["ranks"]) == 2 and not (tmp_path / "out" / ".k3ckpt-staging").exists()
+
+
+def test_requant_cli_dry_run_checks_the_budget_without_downloading(hub, k3_tiny, tmp_path):
+    hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
+    ok = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "a", "--dry-run", "--max-disk", "20MB")
+    assert ok.returncode == 0, ok.stderr
+    assert "--max-disk 20.00 MB works: a run needs" in ok.stdout
+    small = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "a", "--dry-run", "--max-disk", "3MB",
+                "--json")
+    assert small.returncode == 0, small.stderr
+    budget = json.loads(small.stdout)["max_disk"]
+    assert budget["ok"] is False and budget["need"] > 3_000_000 == budget["max_disk"]
+    assert not (tmp_path / "a").exists()
+    assert sum(r.sent for r in hub.requests("resolve")) < 300_000     # headers only, twice

@@ -342,3 +342,71 @@ def test_tensor_role_is_frozen_and_hashable():
     assert hash(r) == hash(TensorRole(Role.ROUTED_EXPERT, 1, 2, "up", "model.layers.1.mlp.experts.2.up_proj.weight",
                                       "weight", "bf16"))
     assert dataclasses.asdict(r)["role"] is Role.ROUTED_EXPERT and str(r.role) == "routed_expert"
+
+
+# -- ModelOpt NVFP4 naming, configs lacking geometry ----------------------------------------------
+
+_MODELOPT_QC = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}
+
+
+def _modelopt_roles(prof, base):
+    return {s: prof.classify(f"{base}.{s}", dt) for s, dt in
+            (("weight", "U8"), ("weight_scale", "F8_E4M3"), ("weight_scale_2", "F32"), ("input_scale", "F32"))}
+
+
+def test_modelopt_nvfp4_from_config():
+    prof = detect(_k2_config(model_type="deepseek_v3", quantization_config=_MODELOPT_QC), [])
+    assert prof.id == "deepseek_v3" and prof.quant == "nvfp4-modelopt"
+    base = "model.layers.3.mlp.experts.9.down_proj"
+    r = _modelopt_roles(prof, base)
+    assert {s: (x.part, x.storage) for s, x in r.items()} == {
+        "weight": ("weight", "nvfp4-modelopt"), "weight_scale": ("scale", "nvfp4-modelopt"),
+        "weight_scale_2": ("scale_2", "nvfp4-modelopt"), "input_scale": ("input_scale", "f32")}
+    assert {x.weight for s, x in r.items() if s != "input_scale"} == {f"{base}.weight"}
+    assert all((x.role, x.layer, x.expert, x.projection) == (Role.ROUTED_EXPERT, 3, 9, "down") for x in r.values())
+    assert r["weight"].quantized and not r["input_scale"].quantized
+    # two codes per byte; scales carry no parameters
+    assert logical_params(r["weight"], "U8", (7168, 2048 // 2)) == 7168 * 2048
+    assert logical_params(r["weight_scale_2"], "F32", ()) == 0
+    # BF16 layers of the same checkpoint stay plain
+    assert prof.classify("model.layers.3.self_attn.o_proj.weight", "BF16").storage == "bf16"
+
+
+def test_modelopt_nvfp4_from_names_when_config_is_silent():
+    base = "model.layers.1.mlp.experts.0.up_proj"
+    names = [f"{base}.weight", f"{base}.weight_scale", f"{base}.weight_scale_2", f"{base}.input_scale"]
+    for cfg in (None, _k2_config(quantization_config=None)):   # hf_quant_config.json only: no quantization_config
+        prof = detect(cfg, iter(names))                           # a one-shot iterator works too
+        assert prof.quant == "nvfp4-modelopt"
+        assert {x.storage for s, x in _modelopt_roles(prof, base).items() if s != "input_scale"} == {"nvfp4-modelopt"}
+    # compressed-tensors NVFP4 names give its own id; the config's declaration wins over names
+    ct = [f"{base}.weight_packed", f"{base}.weight_scale", f"{base}.weight_global_scale"]
+    assert detect(None, ct).quant == "nvfp4"
+    assert detect(None, ct).classify(ct[0], "U8").storage == "nvfp4"
+    cfg = _k2_config(quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"})
+    assert detect(cfg, names).quant == "int4-pack-quantized"
+    # without any hint, U8 'weight' is not guessed to be quantized
+    assert get_profile("deepseek_v3").classify(f"{base}.weight", "U8").storage == "raw"
+
+
+@pytest.mark.parametrize("model_type,profile", [("deepseek_v3", "deepseek_v3"), ("kimi_k2", "deepseek_v3"),
+                                                ("kimi_linear", "kimi_linear"), ("kimi_k3", "kimi_k3"),
+                                                ("gpt_oss", "gpt_oss")])
+def test_family_configs_lacking_geometry_keys_are_tolerated(model_type, profile):
+    # a partial config.json (e.g. only the model type and quantization) used to raise
+    # InvalidFileError for the Kimi/DeepSeek families while the generic profile coped
+    cfg = {"model_type": model_type, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    prof = detect(cfg, [])
+    assert prof.id == profile and prof.geometry is None
+    r = prof.classify("model.layers.4.mlp.experts.1.gate_proj.weight", "BF16")
+    assert (r.role, r.layer, r.expert) == (Role.ROUTED_EXPERT, 4, 1)
+    if profile == "deepseek_v3":
+        assert prof.quant == "fp8-block"
+        assert detect({"model_type": model_type, "num_hidden_layers": 4}, []).geometry is None  # width missing
+
+
+def test_family_config_with_a_bad_geometry_value_still_raises():
+    with pytest.raises(InvalidFileError, match="n_routed_experts"):
+        detect(_k2_config(n_routed_experts="384"), [])
+    with pytest.raises(InvalidFileError, match="num_hidden_layers"):
+        detect(_k2_config(num_hidden_layers=-1), [])

@@ -22,10 +22,14 @@ from .render import echo_json, human_bytes
 def command(src, dst, dtype, pattern, as_json, quiet):
     """Write DST: SRC with its quantized weights decoded to plain floats.
 
-    MXFP4 weights (K3's weight_packed + weight_scale, gpt-oss's fused blocks)
-    come out under their plain names (`...w1.weight`; gpt-oss unfused per
-    expert, [out, in]); every other tensor is copied byte for byte, and
-    config.json's quantization_config is dropped or narrowed.
+    Decodes MXFP4 (K3's weight_packed + weight_scale, gpt-oss's fused blocks),
+    block FP8 (DeepSeek-V3 / Kimi K2 weight + weight_scale_inv), INT4
+    pack-quantized (Kimi K2-Thinking) and NVFP4 (compressed-tensors and
+    ModelOpt naming), in row chunks.  Weights come out under their plain
+    names (`...w1.weight`; gpt-oss unfused per expert, [out, in]); a decoded
+    module's activation input_scale is dropped; every other tensor is copied
+    byte for byte, and config.json's quantization_config (and ModelOpt's
+    hf_quant_config.json) is dropped or narrowed.
     """
     result = api.dequant(src, dst, dtype=dtype, tensors=pattern, progress=not quiet and sys.stderr.isatty())
     if as_json:
@@ -37,8 +41,11 @@ def command(src, dst, dtype, pattern, as_json, quiet):
                f"{result.copied} tensor(s) copied, {len(result.shards)} shard(s), "
                f"{human_bytes(result.bytes_written)}")
     for weight, n in sorted(result.nan_blocks.items()):
-        click.echo(f"warning: {weight}: {n} block(s) have a NaN scale (E8M0 0xFF); they decode to NaN")
+        click.echo(f"warning: {weight}: {n} block(s) have a NaN scale; they decode to NaN")
     for weight, n in sorted(result.inexact.items()):
         click.echo(f"warning: {weight}: {n} value(s) rounded by the {dtype} output")
+    if result.dropped:
+        click.echo(f"dropped {len(result.dropped)} activation scale(s) of decoded modules, "
+                   f"e.g. {result.dropped[0]}")
     if result.skipped:
         click.echo(f"left quantized: {len(result.skipped)} tensor(s), e.g. {result.skipped[0]}")

@@ -11,11 +11,23 @@ import click
 from .render import echo_json, human_bytes, human_count, table
 
 
+def hub_summary(run) -> str:
+    """One line on what staging did (shared with ``k3ckpt shard``)."""
+    st, pf = run.stage, run.preflight
+    budget = f", --max-disk {human_bytes(pf.max_disk)}" if pf.max_disk else ""
+    return (f"source {run.source}: {st.downloads} shard(s) staged ({st.refetches} more than once), "
+            f"{human_bytes(st.bytes_downloaded)} downloaded, peak disk {human_bytes(st.peak_disk)}{budget}")
+
+
 @click.command("requant")
 @click.argument("src")
 @click.argument("dst")
 @click.option("--format", "fmt", default="moet-w2", show_default=True, metavar="FORMAT",
-              help="moet-w2 (refit), moet-w2:keep-scales, k3ckpt-mx2, or another format from `k3ckpt formats`.")
+              help="moet-w2 (refit), moet-w2:keep-scales, k3ckpt-mx2, mxfp4, or another format from "
+                   "`k3ckpt formats`.")
+@click.option("--layout", type=click.Choice(["compressed-tensors", "gpt-oss"]), default=None,
+              help="MXFP4 output layout (--format mxfp4): compressed-tensors pairs per weight (default) or "
+                   "gpt-oss's fused per-layer _blocks/_scales.")
 @click.option("--experts", default=None, metavar="REGEX|PROJ,...",
               help="Which routed-expert weights: a regex on logical names, or projections (gate,up,down). "
                    "Default: all.")
@@ -29,10 +41,25 @@ from .render import echo_json, human_bytes, human_count, table
               help="Folder for requant_report.{json,md,svg} (default: DST).")
 @click.option("--dry-run", is_flag=True, help="Print the plan (weights, formats, bytes, time estimate); write nothing.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in DST (same options).")
+@click.option("--max-disk", "max_disk", default=None, metavar="SIZE",
+              help="hf:// source: bound downloaded shards plus output to SIZE (e.g. 1TB, 500G).")
+@click.option("--staging", default=None, metavar="DIR",
+              help="hf:// source: download shards here (default DST/.k3ckpt-staging).")
+@click.option("--keep-source", is_flag=True, help="hf:// source: keep the downloaded shards.")
+@click.option("--push-to-hub", "push_to", default=None, metavar="ORG/NAME",
+              help="Upload DST to this Hub repo with a generated model card (resumable: rerun to finish).")
+@click.option("--private", is_flag=True, help="--push-to-hub: create the repo private.")
+@click.option("--revision", "push_revision", default=None, metavar="BRANCH",
+              help="--push-to-hub: branch to commit to (default: main).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, dst, fmt, experts, tensor_type, target_bpw, workers, report_path, dry_run, resume, as_json, quiet):
-    """Write DST: SRC with its routed-expert MXFP4 weights requantized to FORMAT.
+def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, report_path, dry_run, resume, max_disk,
+            staging, keep_source, push_to, private, push_revision, as_json, quiet):
+    """Write DST: SRC with its routed-expert weights requantized to FORMAT.
+
+    SRC's routed experts may be MXFP4, block FP8, INT4 pack-quantized, NVFP4
+    or BF16/F16/F32; non-MXFP4 ones are decoded to float32 first and the
+    error is measured against those values.
 
     Every other tensor is copied byte for byte; config.json gets a
     quantization_config naming the new format (docs/requant.md); side files
@@ -40,15 +67,46 @@ def command(src, dst, fmt, experts, tensor_type, target_bpw, workers, report_pat
     runs continue with --resume and give the same bytes.
     """
     from .. import api
+    from ..hub.options import hub_run_options
     from ..requant.pipeline import requant_checkpoint
 
-    with api.open_source(src) as ckpt:
-        result = requant_checkpoint(
-            ckpt, dst, format=fmt, experts=experts, tensor_type=list(tensor_type), workers=workers,
-            dry_run=dry_run, resume=resume, report_path=report_path, target_bpw=target_bpw,
-            progress=not quiet and not as_json and sys.stderr.isatty(), source_label=src)
+    stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source,
+                            push_to=push_to, private=private, revision=push_revision, dry_run=dry_run)
+    options = dict(format=fmt, experts=experts, tensor_type=list(tensor_type), workers=workers,
+                   report_path=report_path, target_bpw=target_bpw, layout=layout,
+                   progress=not quiet and not as_json and sys.stderr.isatty())
+    hub_run = budget = None
+    if stage is not None and not dry_run:  # hf:// source: download shard by shard, convert, delete
+        from ..hub.convert import requant_from_hub
+
+        hub_run = requant_from_hub(src, dst, resume=resume, **stage, **options)
+        result = hub_run.result
+    else:
+        with api.open_source(src) as ckpt:
+            result = requant_checkpoint(ckpt, dst, dry_run=dry_run, resume=resume, source_label=src, **options)
+            if stage is not None and stage["max_disk"] is not None:  # dry run: would the budget work?
+                from ..hub.staged import budget_check
+
+                extra = result.plan.in_bytes - result.plan.out_bytes if target_bpw is not None else 0
+                budget = budget_check({n: ckpt.shard_size(n) for n in ckpt.shards}, len(ckpt.tensors),
+                                      result.plan.total_bytes + max(0, extra), stage["max_disk"],
+                                      keep_source=stage["keep_source"])
+    pushed = None
+    if push_to is not None:
+        from ..hub.push import push_output
+
+        pushed = push_output(dst, push_to, private=private, revision=push_revision)
     if as_json:
-        echo_json(result.to_dict())
+        out = result.to_dict()
+        if budget is not None:
+            out["max_disk"] = {"max_disk": budget.max_disk, "need": budget.need, "ok": budget.ok,
+                               "output_estimate": budget.output_bytes,
+                               "largest_shard_bytes": budget.largest_shard_bytes}
+        if hub_run is not None:
+            out["hub"] = hub_run.facts()
+        if pushed is not None:
+            out["pushed"] = pushed.to_dict()
+        echo_json(out)
         return
     if dry_run:
         _print_plan(result)
@@ -57,6 +115,15 @@ def command(src, dst, fmt, experts, tensor_type, target_bpw, workers, report_pat
                        "during the run; the plan above shows every selected weight in the 2.25 format")
     else:
         _print_summary(result)
+    if budget is not None:
+        click.echo(budget.message() if not budget.ok else
+                   f"--max-disk {human_bytes(budget.max_disk)} works: a run needs {human_bytes(budget.need)} "
+                   f"(output {human_bytes(budget.output_bytes)} + largest source shard "
+                   f"{human_bytes(budget.largest_shard_bytes)})")
+    if hub_run is not None:
+        click.echo(hub_summary(hub_run))
+    if pushed is not None:
+        click.echo(pushed.summary())
 
 
 def _groups(weights):
@@ -75,10 +142,10 @@ def _print_plan(result) -> None:
     rows = [(f, p, n, human_count(params), human_bytes(b_in), human_bytes(b_out),
              f"{8 * b_out / params:.4f}" if params else "-")
             for (f, p), (n, params, b_in, b_out) in sorted(_groups(plan.weights).items())]
-    click.echo(table(rows, ["format", "projection", "weights", "params", "MXFP4 bytes", "new bytes", "bpw"],
+    click.echo(table(rows, ["format", "projection", "weights", "params", "source bytes", "new bytes", "bpw"],
                      align="llrrrrr"))
     click.echo(f"plan: {len(plan.weights)} weight(s) requantized, {len(plan.copies)} tensor(s) copied, "
-               f"{len(plan.kept)} expert weight(s) left in MXFP4; output {human_bytes(plan.total_bytes)} "
+               f"{len(plan.kept)} expert weight(s) left as stored; output {human_bytes(plan.total_bytes)} "
                f"({result.bits_per_weight:.4f} bits per requantized weight); "
                f"estimated {result.estimated_seconds:.0f} s; nothing written (--dry-run)")
 
@@ -100,7 +167,7 @@ def _print_summary(result) -> None:
     click.echo(f"wrote {result.dst}: {len(plan.weights)} weight(s) requantized, {result.bits_per_weight:.4f} bpw "
                f"({human_bytes(plan.in_bytes)} -> {human_bytes(plan.out_bytes)}), {result.copied} tensor(s) "
                f"copied, {len(result.shards)} shard(s) ({len(result.resumed_shards)} from an earlier run), "
-               f"{result.seconds:.1f} s ({human_bytes(rate)}/s of MXFP4)")
+               f"{result.seconds:.1f} s ({human_bytes(rate)}/s of source)")
     if result.allocation is not None:
         a = result.allocation
         click.echo(f"--target-bpw {a['target_bpw']:g}: {len(a['keep'])} source tensor(s) kept in MXFP4, "

@@ -50,24 +50,43 @@ def load_plan(path: str):
 @click.option("--tp", type=int, default=1, show_default=True,
               help="moet: TP ranks per pipeline stage (one pack each; K3 kernels exist for TP4 and TP8).")
 @click.option("--max-shard-size", "max_shard", default="5GB", show_default=True, help="Safetensors shard size.")
+@click.option("--max-disk", "max_disk", default=None, metavar="SIZE",
+              help="hf:// source: bound downloaded shards plus output to SIZE (e.g. 1TB, 500G).")
+@click.option("--staging", default=None, metavar="DIR",
+              help="hf:// source: download shards here (default DST/.k3ckpt-staging).")
+@click.option("--keep-source", is_flag=True, help="hf:// source: keep the downloaded shards.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode, tp, max_shard, as_json, quiet):
+def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode, tp, max_shard, max_disk, staging,
+            keep_source, as_json, quiet):
     """Write DST from SRC as PLAN says: rank-NNNNN/ folders (safetensors + index), NVMe
     expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md)."""
     from .. import api
+    from ..hub.options import hub_run_options
     from ..shard.devices import parse_bytes
     from ..shard.materialize import shard_checkpoint
 
     plan = load_plan(plan_path)
-    with api.open_source(src) as ckpt:
-        r = shard_checkpoint(ckpt, plan, dst, layout=layout, resume=resume, ranks=_ranks(ranks),
-                             progress=not quiet and sys.stderr.isatty(), ckpt_id=ckpt_id, tag=tag,
-                             zero_mode=zero_mode, tp=tp, max_shard_bytes=parse_bytes(max_shard, "--max-shard-size"))
+    stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source, push_to=None,
+                            private=False, revision=None)
+    options = dict(layout=layout, ranks=_ranks(ranks), progress=not quiet and sys.stderr.isatty(), ckpt_id=ckpt_id,
+                   tag=tag, zero_mode=zero_mode, tp=tp, max_shard_bytes=parse_bytes(max_shard, "--max-shard-size"))
+    hub_run = None
+    if stage is not None:  # hf:// source: download shard by shard, convert, delete
+        from ..hub.convert import shard_from_hub
+
+        hub_run = shard_from_hub(src, plan, dst, resume=resume, **stage, **options)
+        r = hub_run.result
+    else:
+        with api.open_source(src) as ckpt:
+            r = shard_checkpoint(ckpt, plan, dst, resume=resume, **options)
     if as_json:
         from dataclasses import asdict
 
-        echo_json(asdict(r))
+        out = asdict(r)
+        if hub_run is not None:
+            out["hub"] = hub_run.facts()
+        echo_json(out)
         return
     click.echo(f"wrote {r.dst}: {r.mode} plan, layout {r.layout}, {len(r.ranks)} rank(s), {len(r.files)} file(s), "
                f"{human_bytes(r.bytes_written)}" + (f" ({r.files_resumed} kept from the earlier run)"
@@ -76,6 +95,10 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
     click.echo(table(rows, ["rank", "folder", "tensors", "experts", "pack", "records"], "rllrlr"))
     if len(r.ranks) > 16:
         click.echo(f"... {len(r.ranks) - 16} more rank(s)")
+    if hub_run is not None:
+        from .requant import hub_summary
+
+        click.echo(hub_summary(hub_run))
     if r.layout == "moet":
         click.echo("moet packs are in moet-store/: point VLLM_MOE_W2_STORE_DIR at it and set VLLM_MOE_W2_CKPT_ID "
                    "to the ckpt_id in rank-*/rank.json")

@@ -2,7 +2,8 @@
 
 ``parse_hub_url`` / ``is_hub_url`` / ``HubUrl`` are light.  Everything that
 talks to the Hub (``open_hub_checkpoint``, ``resolve_checkpoint``,
-``HubClient``, ...) loads huggingface_hub on first use, so importing
+``HubClient``, ``open_staged``, ``requant_from_hub``, ``push_output``, ...) loads
+huggingface_hub on first use, so importing
 ``k3ckpt.hub`` costs nothing on the CLI's ``--help`` path.  See ``docs/hub.md``.
 """
 
@@ -23,6 +24,12 @@ _LAZY = {
     "HubFile": "client",
     "RetryPolicy": "client",
     "TransferStats": "client",
+    "open_staged": "staged",
+    "StagedCheckpoint": "staged",
+    "requant_from_hub": "convert",
+    "shard_from_hub": "convert",
+    "push_output": "push",
+    "model_card": "card",
 }
 
 __all__ = ["EXPECTED", "HubUrl", "is_hub_url", "parse_hub_url", *_LAZY]

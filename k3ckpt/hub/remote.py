@@ -31,7 +31,7 @@ from huggingface_hub.hf_api import RepoFile
 from tqdm.auto import tqdm
 
 from ..errors import InvalidFileError, K3ckptError, NotFoundError, RemoteError
-from ..io.header import MAX_HEADER_BYTES, loads_strict
+from ..io.header import MAX_HEADER_BYTES, loads_index, loads_strict
 from ..io.reader import (
     CONFIG_NAME,
     INDEX_NAME,
@@ -255,7 +255,7 @@ def _load_json(client: HubClient, repo: str, commit: str, f: RemoteFile, *, what
     if f.size > MAX_JSON_BYTES:
         raise InvalidFileError(f"{what} is {f.size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit", file=label)
     path = _download(client, repo, commit, f, label=label)
-    return loads_strict(path.read_bytes(), source=label, what=what)
+    return (loads_index if what == "index JSON" else loads_strict)(path.read_bytes(), source=label, what=what)
 
 
 # ---------------------------------------------------------------------------

@@ -61,8 +61,8 @@ class ShardStager:
         self.keep = keep
         self.progress = progress          # called with (shard, bytes just received)
         self.staged: dict[str, StagedShard] = {}
-        self.bytes_downloaded = 0
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.bytes_downloaded = 0   # the folder is made on the first download: an output folder
+        # that holds it must still look empty to the run that starts there
 
     def _remote(self, shard: str) -> RemoteFile:
         try:
@@ -77,6 +77,8 @@ class ShardStager:
     def on_disk(self) -> int:
         """Staged and partially downloaded bytes in the staging folder now."""
         total = 0
+        if not self.folder.is_dir():
+            return 0
         for p in self.folder.rglob("*"):
             if p.is_file():
                 total += p.stat().st_size

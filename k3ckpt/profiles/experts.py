@@ -69,7 +69,7 @@ def logical_params(role: TensorRole, dtype: str, shape: tuple[int, ...]) -> int:
         if dtype == "U8":
             return numel * 2
     if role.part in ("weight", "bias"):
-        if role.storage == "nvfp4" and dtype == "U8":
+        if role.storage == "nvfp4-modelopt" and dtype == "U8":  # ModelOpt codes under a plain name
             return numel * 2
         return numel
     return 0

@@ -9,8 +9,22 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping
 
 from .base import Profile, Rule, rule
-from .geometry import ModelGeometry, deepseek_geometry, generic_geometry, kimi_geometry
+from .geometry import ModelGeometry, deepseek_geometry, kimi_geometry, text_config
 from .roles import Role
+
+# Keys without a default in the Kimi and DeepSeek geometry readers.
+_REQUIRED = ("num_hidden_layers", "hidden_size")
+
+
+def _unless_missing(read, config: Mapping[str, Any]) -> ModelGeometry | None:
+    """``read(config)``, or None when the config lacks the layer count or the
+    width (a partial or hand-made config.json): names still classify, as with
+    the generic profile.  Keys that are present but wrong still raise."""
+    cfg = text_config(config)
+    if any(cfg.get(k) is None for k in _REQUIRED):
+        return None
+    return read(config)
+
 
 _K3_RULES: tuple[Rule, ...] = (
     # LatentMoE: routed experts run in a 3584-wide latent space between two BF16
@@ -32,7 +46,7 @@ class KimiK3Profile(Profile):
 
     @classmethod
     def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
-        return kimi_geometry(config)
+        return _unless_missing(kimi_geometry, config)
 
 
 class KimiLinearProfile(Profile):
@@ -45,7 +59,7 @@ class KimiLinearProfile(Profile):
 
     @classmethod
     def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
-        return kimi_geometry(config)
+        return _unless_missing(kimi_geometry, config)
 
 
 class DeepseekV3Profile(Profile):
@@ -57,7 +71,7 @@ class DeepseekV3Profile(Profile):
 
     @classmethod
     def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
-        return deepseek_geometry(config)
+        return _unless_missing(deepseek_geometry, config)
 
 
 class KimiK2ThinkingProfile(DeepseekV3Profile):
@@ -74,7 +88,4 @@ class GptOssProfile(Profile):
     id: ClassVar[str] = "gpt_oss"
     display_name: ClassVar[str] = "gpt-oss (fused MXFP4 experts)"
     default_quant: ClassVar[str | None] = "gpt-oss-mxfp4"
-
-    @classmethod
-    def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
-        return generic_geometry(config)
+    # geometry: the base class's generic reader (common Hugging Face keys, tolerant)

@@ -212,6 +212,21 @@ def quant_hint(config: Mapping[str, Any] | None) -> str | None:
         return "fp8-block" if qc.get("weight_block_size") else "fp8-e4m3"
     if method == "mxfp4":
         return "gpt-oss-mxfp4"
-    if method == "modelopt" and "NVFP4" in str(qc.get("quant_algo", "")):
-        return "nvfp4"
+    if method == "modelopt" and "NVFP4" in str(qc.get("quant_algo", "")).upper():
+        return "nvfp4-modelopt"
+    return None
+
+
+# Part suffixes that only one quantized layout uses: enough to name the storage
+# when config.json says nothing (ModelOpt may keep its settings in
+# hf_quant_config.json instead).
+_NAME_HINTS = ((".weight_scale_2", "nvfp4-modelopt"), (".weight_global_scale", "nvfp4"))
+
+
+def names_quant_hint(names) -> str | None:
+    """The storage id that tensor names alone reveal (see ``_NAME_HINTS``), or None."""
+    suffixes = tuple(s for s, _ in _NAME_HINTS)
+    for n in names:
+        if n.endswith(suffixes):
+            return next(h for s, h in _NAME_HINTS if n.endswith(s))
     return None

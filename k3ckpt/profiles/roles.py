@@ -56,7 +56,8 @@ QUANTIZED_STORAGE = frozenset({
     "gpt-oss-mxfp4",         # gpt-oss fused *_blocks U8 [E, N, K/32, 16] + *_scales U8
     "fp8-block",             # DeepSeek-V3 / Kimi K2: F8_E4M3 weight + F32 weight_scale_inv per 128x128
     "int4-pack-quantized",   # compressed-tensors pack-quantized (K2-Thinking): I32 packed + BF16 scale + shape
-    "nvfp4",                 # NVFP4: U8 packed + F8_E4M3 scale per 16 (+ global scale)
+    "nvfp4",                 # NVFP4, compressed-tensors: U8 weight_packed + F8_E4M3 scale per 16 + global scale
+    "nvfp4-modelopt",        # NVFP4, ModelOpt: U8 weight + F8_E4M3 weight_scale + F32 weight_scale_2
 })
 PLAIN_STORAGE: dict[str, str] = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8-e4m3"}
 STORAGE_IDS = QUANTIZED_STORAGE | frozenset(PLAIN_STORAGE.values()) | {"raw"}
@@ -72,6 +73,10 @@ _COMPONENT_PARTS: dict[str, tuple[str, int]] = {
     "weight_shape": ("shape", len("_shape")),
     "weight_global_scale": ("global_scale", len("_global_scale")),
     "weight_scale_2": ("scale_2", len("_scale_2")),          # ModelOpt NVFP4 second-level scale
+    # activation scales of W4A4 / static-FP8 checkpoints: they belong to the
+    # module, not to a weight; the name is kept whole (cut 0)
+    "input_scale": ("input_scale", 0),
+    "input_global_scale": ("input_scale", 0),
     "weight_zero_point": ("zero_point", len("_zero_point")),
 }
 # gpt-oss style fused tensors end in _blocks/_scales/_bias instead of a dotted suffix.
@@ -94,11 +99,13 @@ def split_part(last: str) -> tuple[str, int]:
 
 def storage_of(part: str, dtype: str, hint: str | None) -> str:
     """The storage id of one tensor from its part, its header dtype and the
-    profile's quantization hint (from config, or the family default).
+    profile's quantization hint (from config, tensor names, or the family default).
 
     The hint only settles what suffix and dtype leave open (U8 packed codes are
-    MXFP4 or NVFP4; a float ``weight_scale`` belongs to INT4 or FP8 groups);
-    it never makes a plain BF16 tensor quantized.
+    MXFP4 or NVFP4; a float ``weight_scale`` belongs to INT4 or FP8 groups; an
+    F8_E4M3 ``weight_scale`` to compressed-tensors or ModelOpt NVFP4); it never
+    makes a plain BF16 tensor quantized.  Quantized storage ids are format
+    registry ids.
     """
     plain = PLAIN_STORAGE.get(dtype, "raw")
     if part == "packed":
@@ -111,14 +118,16 @@ def storage_of(part: str, dtype: str, hint: str | None) -> str:
         if dtype == "U8":  # E8M0 bytes stored as U8 (compressed-tensors scale_dtype torch.uint8)
             return "mxfp4-pack-quantized"
         if dtype == "F8_E4M3":
-            return "nvfp4"
+            return "nvfp4-modelopt" if hint == "nvfp4-modelopt" else "nvfp4"
         if dtype in ("BF16", "F16", "F32") and hint in ("int4-pack-quantized", "fp8-e4m3"):
             return hint
         return "raw"
     if part == "shape":
         return "int4-pack-quantized"
-    if part in ("global_scale", "scale_2"):
+    if part == "global_scale":
         return "nvfp4"
+    if part == "scale_2":
+        return "nvfp4-modelopt"
     if part == "scale_inv":
         return "fp8-block" if dtype == "F32" else "raw"
     if part in ("blocks", "scales"):
@@ -128,6 +137,6 @@ def storage_of(part: str, dtype: str, hint: str | None) -> str:
     if part == "weight":
         if dtype == "F8_E4M3" and hint == "fp8-block":
             return "fp8-block"
-        if dtype == "U8" and hint == "nvfp4":  # ModelOpt stores NVFP4 codes as a plain 'weight'
-            return "nvfp4"
+        if dtype == "U8" and hint in ("nvfp4", "nvfp4-modelopt"):  # ModelOpt stores NVFP4 codes as a plain 'weight'
+            return "nvfp4-modelopt"
     return plain

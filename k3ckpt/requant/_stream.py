@@ -107,21 +107,29 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
         manifest.record(path.name)
 
     with ShardedWriter(dst, list(plan.specs), max_shard_bytes=max_shard_bytes, done_shards=done_shards,
-                       on_shard_final=on_final, overwrite=resume) as writer:
+                       on_shard_final=on_final, overwrite=resume,
+                       write_index=True) as writer:   # always an index: transformers needs one for model-0000x names
         per_shard = _shard_results(plan, writer)
         todo = [w for w in plan.weights
                 if any(writer.needs(n) for _, n in w.outputs) or w.index not in results]
         total = sum(writer.specs[n].nbytes for n in plan.copies if writer.needs(n)) + sum(w.in_bytes for w in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="requant", disable=not progress, smoothing=0.1)
         runner = _Runner(ckpt, todo, workers, src_path)
+        pos = {n: i for i, n in enumerate(ckpt.tensors)}
+        drained = [0]
 
         def drain_one() -> None:
+            drained[0] += 1
             index, parts, res = runner.next()
             w = plan.weights[index]
             results[index] = res
-            for role, name in w.outputs:
-                if writer.needs(name):
+            for i, (role, name) in enumerate(w.outputs):
+                if not writer.needs(name):
+                    continue
+                if w.out_offsets is None:
                     writer.write(name, np.ascontiguousarray(parts[role]))
+                else:   # one expert's slice of a fused output tensor (--layout gpt-oss)
+                    writer.write_chunk(name, w.out_offsets[i], np.ascontiguousarray(parts[role]))
             bar.update(w.in_bytes)
             if on_result is not None:
                 on_result(res)
@@ -131,6 +139,11 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
             for name in plan.copies:
                 if not writer.needs(name):
                     continue
+                # Weights stored before this tensor first: reads then go through the source in
+                # order, so a staged hub source (k3ckpt.hub.staged) downloads each shard once.
+                while drained[0] < len(todo) and min(pos[todo[drained[0]].packed],
+                                                     pos[todo[drained[0]].scale]) < pos[name]:
+                    drain_one()
                 offset = 0
                 for chunk in ckpt.iter_chunks(name):
                     writer.write_chunk(name, offset, chunk)

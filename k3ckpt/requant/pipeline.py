@@ -79,8 +79,12 @@ def _source_identity(ckpt) -> dict:
     config = json.dumps(ckpt.config, sort_keys=True) if ckpt.config is not None else None
     import hashlib
 
-    return {"shards": shards, "tensors": len(ckpt.tensors),
-            "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None}
+    out = {"shards": shards, "tensors": len(ckpt.tensors),
+           "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None}
+    hub = getattr(ckpt, "hub", None)
+    if hub is not None:  # an hf:// source: pin the commit (a resumed run reopens exactly it)
+        out.update(repo_id=hub.requested.repo_id, commit=hub.commit)
+    return out
 
 
 def _local_path(ckpt) -> str | None:
@@ -97,11 +101,16 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                        workers: int | None = None, dry_run: bool = False, resume: bool = False,
                        report_path=None, progress: bool = True, max_shard_bytes: int = _SHARD_BYTES,
                        source_label: str | None = None, target_bpw: float | None = None,
-                       on_result: Callable[[TensorResult], None] | None = None) -> RequantResult:
-    """Write ``dst``: ``ckpt`` with its routed-expert MXFP4 weights in ``format``.
+                       on_result: Callable[[TensorResult], None] | None = None,
+                       layout: str | None = None) -> RequantResult:
+    """Write ``dst``: ``ckpt`` with its routed-expert weights in ``format``.
 
-    ``format``: ``moet-w2`` (refit), ``moet-w2:keep-scales``, ``k3ckpt-mx2``, or
-    another registered format; ``experts``: a regex on logical weight names or
+    Sources: MXFP4, block FP8, INT4 pack-quantized, NVFP4 or BF16/F16/F32
+    routed experts (``sources.py``); non-MXFP4 ones are decoded to float32 and
+    the error is measured against those values.  ``format``: ``moet-w2``
+    (refit), ``moet-w2:keep-scales``, ``k3ckpt-mx2``, ``mxfp4`` (with
+    ``layout`` ``compressed-tensors`` or ``gpt-oss``), or another registered
+    format; ``experts``: a regex on logical weight names or
     a list of projections; ``tensor_type``: ``[(regex, format)]`` overrides
     (first match wins; ``keep`` leaves a weight in MXFP4).  ``target_bpw``:
     measure every selected weight first, then keep in MXFP4 those whose error
@@ -113,9 +122,13 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, found {workers}")
-    plan = plan_requant(ckpt, format=format, experts=experts, tensor_type=tensor_type)
+    plan = plan_requant(ckpt, format=format, experts=experts, tensor_type=tensor_type, layout=layout)
     estimate = plan.estimated_seconds(workers)
     if target_bpw is not None:
+        other = next((w for w in plan.weights if not w.from_mxfp4 or w.out_offsets is not None), None)
+        if other is not None:
+            raise UsageError(f"--target-bpw mixes the 2.25 formats with the source's MXFP4; {other.name} is "
+                             f"stored as {other.source_format}", tensor=other.name)
         low = 8.0 * plan.out_bytes / plan.params if plan.params else 0.0
         if not (float(target_bpw) >= low - 1e-9):   # also refuses NaN
             raise UsageError(f"--target-bpw {target_bpw} is below what {format} needs ({low:.4f}), "
@@ -133,6 +146,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     options = {"format": format, "experts": rx, "projections": sorted(projections) if projections else None,
                "tensor_type": [[r, c.spec] for r, c in parse_tensor_types(tensor_type)],
                "max_shard_bytes": max_shard_bytes, "target_bpw": target_bpw}
+    if layout is not None:   # only when given, so manifests of earlier runs still match
+        options["layout"] = layout
     manifest = RunManifest.begin(dst, job=JOB, options=options, source=_source_identity(ckpt), resume=resume)
     allocation = None
     kept_results: list[TensorResult] = []
@@ -140,7 +155,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     if target_bpw is not None:
         plan, allocation, kept_results = _allocate(ckpt, plan, manifest, target_bpw, workers=workers,
                                                    progress=progress, format=format, experts=experts,
-                                                   tensor_type=tensor_type)
+                                                   tensor_type=tensor_type, layout=layout)
     done = [n for n in manifest.records if n.endswith(".safetensors") and manifest.done(n)]
     results: dict[int, TensorResult] = {}
     by_name = {w.name: w.index for w in plan.weights}
@@ -159,7 +174,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                            key=lambda r: source_order[r.name]))
     _finish_side_files(ckpt, dst, plan, manifest)
     report = _write_report(ordered, Path(report_path) if report_path else dst, source_label or str(ckpt.root),
-                           format, options)
+                           format, options, commit=getattr(getattr(ckpt, "hub", None), "commit", None))
     for p in sorted(dst.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME and p.name not in manifest.records:
             manifest.record(p.name)
@@ -214,11 +229,18 @@ def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
     """config.json with the new quantization_config, and the side files (tokenizer, ...)."""
     from ..dequant import _is_weight_file, _write_json_atomic, copy_side_files
     from ..io.manifest import MANIFEST_NAME
-    from .qconfig import build_config, with_config
+    from .plan import GPT_OSS_MXFP4, MXFP4
+    from .qconfig import build_config, mxfp4_config, with_config
 
     # Always a config.json: without one a reader could not tell moet-w2 parts from MXFP4's.
-    qc = build_config(ckpt.config, plan.groups())
-    _write_json_atomic(dst / "config.json", with_config(ckpt.config or {}, qc))
+    groups = plan.groups()
+    if not groups:
+        config = ckpt.config or {}      # nothing re-encoded (e.g. MXFP4 to MXFP4): the source's own config
+    elif set(groups) <= {(MXFP4, None), (GPT_OSS_MXFP4, None)}:
+        config = with_config(ckpt.config or {}, mxfp4_config(ckpt, plan))
+    else:
+        config = with_config(ckpt.config or {}, build_config(ckpt.config, groups))
+    _write_json_atomic(dst / "config.json", config)
     src_root = Path(ckpt.root) if ckpt.root is not None and Path(ckpt.root).is_dir() else None
     if getattr(ckpt, "hub", None) is None:
         copy_side_files(src_root, dst, skip=lambda n: _is_weight_file(n) or n == MANIFEST_NAME
@@ -226,11 +248,12 @@ def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
 
 
 def _write_report(results: tuple[TensorResult, ...], folder: Path, source: str, format: str,
-                  options: dict) -> str | None:
+                  options: dict, commit: str | None = None) -> str | None:
     if not results:
         return None
     from .report import write_report
 
     formats = tuple(dict.fromkeys([format] + [f for _, f in options.get("tensor_type", [])]))
-    write_report(results, folder, meta={"source": source, "formats": formats, "options": options})
+    write_report(results, folder, meta={"source": source, "formats": formats, "options": options,
+                                        "source_commit": commit})
     return str(folder)

@@ -1,12 +1,17 @@
 """Requantize one weight, and the process-pool side of ``k3ckpt requant``.
 
-``requant_weight`` is the whole per-weight job: check the MXFP4 source,
+``requant_weight`` is the whole per-weight job for an MXFP4 source: check it,
 encode it in the target format, decode both and measure the error with the
 shared metric (``k3ckpt.requant.metrics.error_stats``), and return the new
-parts with a ``TensorResult``.  ``run_task`` is what pool workers execute:
-each worker opens the source checkpoint once by path (``init_worker``) and
-reads only the weight it is given, so memory stays at about one expert
-tensor per worker and nothing large is pickled on the way in.
+parts with a ``TensorResult``.  ``requant_floats`` is the same job for any
+other source, given its decoded float32 values (``sources.decode_slice``):
+formats that encode from floats take them directly (``mxfp4``, ``gguf-iq2_xs``);
+those that encode from MXFP4 codes (``moet-w2``, ``k3ckpt-mx2``) take the
+bit-exact MXFP4 encoding of them; the error is always against the floats.
+``run_task`` is what pool workers execute: each worker opens the source
+checkpoint once by path (``init_worker``) and reads only the weight it is
+given, so memory stays at about one expert tensor per worker and nothing
+large is pickled on the way in.
 """
 
 from __future__ import annotations
@@ -77,8 +82,51 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
     return parts, result
 
 
-def read_source(ckpt, w) -> tuple[np.ndarray, np.ndarray]:
-    """The MXFP4 pair-layout (packed [N, K/2], scale [N, K/32]) of planned weight ``w``."""
+def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, name: str,
+                   layer: int | None = None, expert: int | None = None,
+                   projection: str | None = None) -> tuple[dict[str, np.ndarray], TensorResult]:
+    """Decoded source values ``x`` (float32 [N, K]) -> ``format`` parts and the result record.
+
+    ``source_zero_fraction`` is the fraction of exact zeros in ``x``; ``scale_changes`` (moet-w2
+    refit) counts blocks whose exponent differs from the MXFP4 encoding of ``x``."""
+    from ..errors import UsageError
+    from ..formats import get_format
+    from ..formats.mxfp4 import encode_pair
+    from . import tensor_stats
+    from .metrics import error_stats
+
+    x = np.ascontiguousarray(x, np.float32)
+    fmt = get_format(format)
+    mx_scale = None
+    if fmt.info.can_encode:
+        parts = fmt.encode(x, name=name)
+    elif hasattr(fmt, "from_mxfp4"):
+        packed, mx_scale = encode_pair(x, name=name)   # bit-exact OCP MXFP4 first, then the 2-bit encoder
+        parts = fmt.from_mxfp4(packed, mx_scale, name=name) if method is None else fmt.from_mxfp4(
+            packed, mx_scale, method=method, name=name)
+    else:
+        raise UsageError(f"format {format} cannot be written", tensor=name)
+    out = fmt.decode(parts, name=name).reshape(x.shape)
+    stats = error_stats(x, out)
+    top = tensor_stats.max_row_bias(x, out)
+    max_row_bias = 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
+    refit = format == "moet-w2" and method == "refit" and mx_scale is not None
+    result = TensorResult(
+        name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,
+        params=int(x.size), bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,
+        max_row_bias=max_row_bias, source_zero_fraction=float(np.count_nonzero(x == 0)) / x.size if x.size else 0.0,
+        code_histogram=_code_histogram(fmt, parts),
+        scale_changes=int(np.count_nonzero(parts["scale"] != mx_scale)) if refit else None)
+    return parts, result
+
+
+def read_source(ckpt, w):
+    """MXFP4 source: its pair layout (packed [N, K/2], scale [N, K/32]).  Other sources: the raw
+    stored parts of each source slice (``sources.read_slice``), for a pool that cannot reopen it."""
+    if not w.from_mxfp4:
+        from .sources import read_slice
+
+        return tuple(read_slice(ckpt, s) for s in w.sources)
     n, k = w.shape
     if w.expert_slice is None:
         packed = ckpt.read_raw(w.packed)
@@ -91,8 +139,21 @@ def read_source(ckpt, w) -> tuple[np.ndarray, np.ndarray]:
             np.ascontiguousarray(scale).view(np.uint8).reshape(n, k // 32))
 
 
+def source_values(ckpt, w, arrays=None) -> np.ndarray:
+    """float32 [N, K] of a non-MXFP4 planned weight: its slices decoded (row chunks) and joined."""
+    from .sources import decode_parts, decode_slice, join_rows
+
+    if arrays is not None:
+        return join_rows([decode_parts(s, raw, name=w.name) for s, raw in zip(w.sources, arrays)])
+    return join_rows([decode_slice(ckpt, s, name=w.name) for s in w.sources])
+
+
 def compute(ckpt, w, arrays=None):
     """(index, parts, result) of planned weight ``w``, read from ``ckpt`` unless ``arrays`` are given."""
+    if not w.from_mxfp4:
+        parts, result = requant_floats(source_values(ckpt, w, arrays), w.format, w.method, name=w.name,
+                                       layer=w.layer, expert=w.expert, projection=w.projection)
+        return w.index, parts, result
     packed, scale = arrays if arrays is not None else read_source(ckpt, w)
     parts, result = requant_weight(packed, scale, w.format, w.method, name=w.name, layer=w.layer,
                                    expert=w.expert, projection=w.projection)

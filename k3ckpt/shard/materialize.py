@@ -431,7 +431,11 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
                "ranks": [w.rank for w in works], "max_shard_bytes": max_shard_bytes, **moet_opts}
     if not resume:  # a fresh run: refuse a full disk before creating anything
         _check_space(dst, estimate_bytes(src, works, layout, tp))
-    manifest = RunManifest.begin(dst, job=JOB, options=options, source=src.identity(), resume=resume)
+    identity = src.identity()
+    hub = getattr(ckpt, "hub", None)
+    if hub is not None:  # an hf:// source: pin the commit (a resumed run reopens exactly it)
+        identity.update(repo_id=hub.requested.repo_id, commit=hub.commit)
+    manifest = RunManifest.begin(dst, job=JOB, options=options, source=identity, resume=resume)
     resumed = len(manifest.records)
     outs: list[_RankOut] = []
     try:

@@ -165,6 +165,7 @@ class Repo:
     refs: dict[str, str] = field(default_factory=dict)          # name -> commit
     commits: dict[str, Revision] = field(default_factory=dict)  # commit -> tree
     default: str = "main"
+    private: bool = False       # set by a push with private=True (model info reports it)
 
     def add_revision(self, name: str, folder: str | os.PathLike, commit: str | None = None) -> str:
         commit = commit or fake_commit(self.repo_id, name)

@@ -18,13 +18,18 @@ queued with ``fail`` (status, optional Retry-After), ``drop_after`` (close the
 connection after n body bytes), ``corrupt`` (flip served bytes, same ETag),
 ``ignore_range`` (200 + whole body for a ranged GET);
 ``offline = True`` closes every connection without an answer.
+
+Uploads (repo create, branch, preupload, LFS batch + PUT, commit) are answered by
+``upload.py``; pushed repos live in a temporary store removed by ``stop()``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from . import upload
 from .repos import Repo
 
 _SEND_CHUNK = 8 << 20
@@ -43,7 +49,7 @@ class Req:
 
     method: str
     path: str
-    kind: str                 # api-model | api-tree | api-paths-info | resolve | cdn | other
+    kind: str                 # api-model | api-tree | api-paths-info | resolve | cdn | other | upload kinds
     status: int = 0
     range: str | None = None
     sent: int = 0             # body bytes written to the socket
@@ -94,6 +100,14 @@ class HubEmulator:
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._cdn: _Server | None = None
+        self._store: Path | None = None
+
+    def store(self) -> Path:
+        """Where pushed repos and LFS objects are kept (a temporary folder, made on first use)."""
+        with self._lock:
+            if self._store is None:
+                self._store = Path(tempfile.mkdtemp(prefix="hubemu-store-"))
+            return self._store
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -114,6 +128,9 @@ class HubEmulator:
                 srv.shutdown()
                 srv.server_close()
         self._server = self._cdn = None
+        if self._store is not None:
+            shutil.rmtree(self._store, ignore_errors=True)
+            self._store = None
 
     def __enter__(self) -> HubEmulator:
         self.start()
@@ -250,6 +267,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
     # -- plumbing ----------------------------------------------------------------
 
     def _dispatch(self, method: str) -> None:
@@ -257,10 +277,13 @@ class _Handler(BaseHTTPRequestHandler):
         raw = url.path.split("/")[1:]
         req = Req(method, self.path, "other", auth=self.headers.get("Authorization") is not None,
                   range=self.headers.get("Range"))
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = upload.read_body(self)
         try:
-            if self.server.is_cdn:
+            up = None if self.server.is_cdn else upload.route(self, method, raw)
+            if up is not None:
+                req.kind = up
+                upload.handle(self, up, raw, body, req)
+            elif self.server.is_cdn:
                 if len(raw) >= 5 and raw[0] == "cdn" and method in ("GET", "HEAD"):
                     req.kind = "cdn"
                     req.file = unquote("/".join(raw[4:]))
@@ -336,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
                 blobs = query.get("blobs", ["false"])[0].lower() == "true"
                 self._json(req, 200, {
                     "_id": tree.commit[:24], "id": repo_id, "modelId": repo_id, "author": raw[2],
-                    "sha": tree.commit, "private": False, "disabled": False, "gated": False,
+                    "sha": tree.commit, "private": repo.private, "disabled": False, "gated": False,
                     "downloads": 0, "likes": 0, "tags": [], "library_name": None,
                     "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z",
                     "siblings": [f.sibling(blobs) for _, f in sorted(tree.files.items())],

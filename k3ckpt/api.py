@@ -67,10 +67,23 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
         return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress)
 
 
+def _staged(src, options: dict) -> bool:
+    """An hf:// source converted for real is downloaded shard by shard (``k3ckpt.hub.convert``);
+    a dry run reads headers by range requests."""
+    from .hub import is_hub_url
+
+    return is_hub_url(str(src)) and not options.get("dry_run")
+
+
 def requant(src: str | os.PathLike, dst: str | os.PathLike, **options):
-    """Requantize the routed experts of ``src`` into ``dst`` (``k3ckpt.requant.pipeline.requant_checkpoint``)."""
+    """Requantize the routed experts of ``src`` into ``dst`` (``k3ckpt.requant.pipeline.requant_checkpoint``;
+    hf:// sources also take ``max_disk``, ``staging``, ``keep_source``, see ``k3ckpt.hub.convert``)."""
     from .requant.pipeline import requant_checkpoint
 
+    if _staged(src, options):
+        from .hub.convert import requant_from_hub
+
+        return requant_from_hub(str(src), dst, **options).result
     with open_source(src) as ckpt:
         return requant_checkpoint(ckpt, dst, source_label=str(src), **options)
 
@@ -88,6 +101,10 @@ def shard(src: str | os.PathLike, plan_path: str | os.PathLike, dst: str | os.Pa
     from .shard.plan import Plan
 
     the_plan = Plan.from_json(Path(plan_path).read_bytes())
+    if _staged(src, options):
+        from .hub.convert import shard_from_hub
+
+        return shard_from_hub(str(src), the_plan, dst, **options).result
     with open_source(src) as ckpt:
         return shard_checkpoint(ckpt, the_plan, dst, **options)
 

@@ -15,6 +15,7 @@ at a time.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -347,7 +348,8 @@ class TensorTable(Mapping[str, TensorEntry]):
         return name in self._shard_of
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._shard_of)
+        # header order, whatever order the name -> shard table was built in (an index's)
+        return itertools.chain.from_iterable(h.tensors for h in self._headers.values())
 
     def __len__(self) -> int:
         return len(self._shard_of)

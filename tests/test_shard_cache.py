@@ -55,6 +55,29 @@ def test_hot_recent_by_hand():
     assert np.array_equal(hits, ref)
 
 
+def test_recent_freq_by_hand():
+    # window 1, horizon 3, no prior; capacity 2
+    keys = np.array([0, 1, 0, 2, 1, 3])
+    # t0 0 miss; t1 1 miss; t2 0 hit (old: a new run, score 0 = 2 units); t3 2 evicts 1
+    # (old residents {0: 2 units, 1: 1 unit}); t4 1 miss: 0 (t2) is old, 2 recent: 0 leaves;
+    # t5 3: 2 and 1 old; counts in (1, 4]: 2 -> 1 unit, 1 -> 1 unit (t4); tie: lower key 1 leaves
+    for reference in (False, True):
+        hits = simulate("recent-freq", keys, 2, NONE, 4, window=1, horizon=3, reference=reference)
+        assert hits.tolist() == [False, False, True, False, False, False]
+        h2 = simulate("recent-freq", keys, 2, NONE, 4, window=1, horizon=3, rates=np.array([0, 0, 0, 0.0]),
+                      reference=reference)
+        assert np.array_equal(hits, h2)
+    # window 0: every read starts a run.  keys 0 1 0 2 1: at t3 both residents are old,
+    # 0 has two runs, 1 one: 1 leaves; a prior on key 1 makes 0 leave and t4 hit
+    keys = np.array([0, 1, 0, 2, 1])
+    for rates, want in ((None, [False, False, True, False, False]), ([0, 1.0, 0, 0], [False, False, True, False, True])):
+        for reference in (False, True):
+            hits = simulate("recent-freq", keys, 2, NONE, 4, window=0, horizon=10, rates=rates, reference=reference)
+            assert hits.tolist() == want
+    with pytest.raises(UsageError):
+        simulate("recent-freq", keys, 2, NONE, 4, rates=np.array([0, -1.0, 0, 0]))
+
+
 def test_kernels_match_references_and_bounds_hold():
     rng = np.random.default_rng(0)
     for trial in range(120):
@@ -64,13 +87,15 @@ def test_kernels_match_references_and_bounds_hold():
         keys = rng.choice(nk, size=n, p=rng.dirichlet(np.full(nk, 0.5)))
         order = rng.permutation(nk)[: int(rng.integers(0, nk + 1))]
         window = int(rng.integers(0, 8))
+        opts = dict(window=window, horizon=int(rng.integers(0, 40)),
+                    rates=rng.random(nk) * (rng.random() < 0.7) / 40)
         hits = {}
         for policy in POLICIES:
-            a = simulate(policy, keys, cap, order, nk, window=window)
-            b = simulate(policy, keys, cap, order, nk, window=window, reference=True)
+            a = simulate(policy, keys, cap, order, nk, **opts)
+            b = simulate(policy, keys, cap, order, nk, **opts, reference=True)
             assert np.array_equal(a, b), (policy, trial)
             hits[policy] = int(a.sum())
-        for policy in ("lru", "lfu", "hot-recent"):
+        for policy in ("lru", "lfu", "hot-recent", "recent-freq"):
             assert hits[policy] <= hits["belady"], (policy, trial)
         for policy in POLICIES:
             assert hits[policy] <= hits["belady-bypass"], (policy, trial)

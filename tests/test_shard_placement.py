@@ -130,3 +130,84 @@ def test_placement_validation():
         plan_placement(np.array([[1.0, -1.0]]), even_slots(2, 2))
     with pytest.raises(UsageError):
         plan_placement(np.ones((1, 4)), np.array([5, 0]))  # a GPU cannot hold 5 of 4 experts
+
+
+# ---------------------------------------------------------------------------
+# robust polish (planning trace -> shared load factors)
+
+
+def robust_objective(pl: Placement, w, factors, kappa, drift, q):
+    """``[L]`` max over GPUs of load + kappa * sd, computed from the plan arrays alone."""
+    c = np.take_along_axis(pl.logcnt, pl.phy2log, axis=1)
+    x = np.take_along_axis(w, pl.phy2log, axis=1) / c
+    var = (drift * x) ** 2 + q * x / c
+    y = np.take_along_axis(factors, pl.phy2log[:, :, None], axis=1) / c[:, :, None]
+    L, G = pl.layers, pl.num_gpus
+    onehot = (pl.slot2gpu[:, None] == np.arange(G)[None, :]).astype(float)  # [S, G]
+    gl = x @ onehot
+    gv = var @ onehot + (np.einsum("lsr,sg->lgr", y, onehot) ** 2).sum(axis=2)
+    return (gl + kappa * np.sqrt(gv)).max(axis=1)
+
+
+def test_robust_state_without_noise_is_the_plain_search():
+    from k3ckpt.shard.packing import set_noise
+
+    rng = np.random.default_rng(5)
+    w = rng.lognormal(0, 1, (4, 30))
+    cap = even_slots(6, 36)
+    counts = minmax_counts(w, 36, 6)
+    i2e, size = items_of(w, counts)
+    first = pack_rounds(i2e, size, cap)
+    a = PackState(i2e, size, first.copy(), cap)
+    b = PackState(i2e, size, first.copy(), cap)
+    set_noise(b, counts, (0.0, 0.0), 2.0, None)
+    swap_search(a, 40)
+    swap_search(b, 40)
+    assert np.array_equal(a.item_gpu, b.item_gpu)
+
+
+def test_robust_polish_lowers_the_objective_and_keeps_the_cap():
+    rng = np.random.default_rng(11)
+    L, E, G, S, R = 3, 48, 8, 56, 3
+    w = rng.lognormal(0, 1, (L, E)) * 1000
+    factors = rng.normal(0, 1, (L, E, R)) * w[:, :, None] * 0.05
+    plain = plan_placement(w, even_slots(G, S))
+    share = 0.05
+    pol = plan_placement(w, even_slots(G, S), factors=factors, step_share=share, robust_slack=2e-3)
+    check_arrays(pol, even_slots(G, S))
+    assert np.array_equal(pol.logcnt, plain.logcnt)  # the polish only moves replicas between GPUs
+    r_plain = robust_objective(plain, w, factors, 2.0, 0.1, 1 / share)
+    r_pol = robust_objective(pol, w, factors, 2.0, 0.1, 1 / share)
+    assert (r_pol <= r_plain * (1 + 1e-9)).all() and (r_pol < r_plain * (1 - 1e-3)).any()
+    top_plain = gpu_loads(plain, w).max(axis=1)
+    lb = lower_bound(w, G, S)
+    assert (gpu_loads(pol, w).max(axis=1) <= np.maximum(top_plain, lb * 1.002) * (1 + 1e-12)).all()
+    with pytest.raises(UsageError, match="factors"):
+        plan_placement(w, even_slots(G, S), factors=factors[:, :10])
+
+
+def test_load_factors_find_planted_co_activation():
+    from k3ckpt.shard.topology import load_factors
+
+    # 2 layers, 8 experts, top-2; blocks of 4 tokens alternate between experts {0, 1}
+    # and {2, 3} (layer 0); layer 1 always routes to {4, 5}: no variation
+    T, B = 64, 4
+    tr = np.zeros((T, 2, 2), dtype=np.int64)
+    odd = (np.arange(T) // B) % 2 == 1
+    tr[:, 0, :] = np.where(odd[:, None], [2, 3], [0, 1])
+    tr[:, 1, :] = [4, 5]
+    loads = np.zeros((2, 8))
+    loads[0, :4] = T / 2
+    loads[1, 4:6] = T
+    F = load_factors(tr, loads, step_tokens=16, block_tokens=B, rank=2)
+    assert F.shape == (2, 8, 2)
+    v = F[0, :, 0]
+    # one factor: experts 0, 1 against 2, 3, the rest untouched
+    assert v[0] == pytest.approx(v[1]) and v[2] == pytest.approx(v[3]) and v[0] == pytest.approx(-v[2])
+    assert np.allclose(v[4:], 0) and np.allclose(F[0, :, 1], 0, atol=1e-6) and np.allclose(F[1], 0, atol=1e-6)
+    # a block's count of expert 0 is 4 or 0 (sd 2, sample sd 2 * sqrt(16/15)); a step
+    # of 16 tokens = 4 blocks: sd x sqrt(4); planning units: x (64 planning tokens / 16)
+    sd_step = 2 * np.sqrt(16 / 15) * 2
+    assert abs(v[0]) == pytest.approx(sd_step * 64 / 16)
+    with pytest.raises(UsageError, match="2 blocks"):
+        load_factors(tr[:4], loads, step_tokens=16, block_tokens=B)

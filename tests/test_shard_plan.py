@@ -60,15 +60,37 @@ def test_placement_mode_and_memory():
         make_plan(SMALL, ds, loads_for(SMALL)[:3])
 
 
+def test_planning_trace_polishes_placement():
+    from k3ckpt.shard.placement import gpu_loads, lower_bound, plan_placement
+    from k3ckpt.shard.planner import robust_options
+
+    ds = parse_devices("8xH100", reserved_kv="20GB")
+    w = loads_for(SMALL, 3) * 1000
+    tr = trace_for(SMALL, 96, seed=4)
+    assert robust_options(w, None, 4, 8) == {}
+    assert robust_options(w, tr[:63], 4, 8) == {}  # fewer than two 32-token blocks
+    opts = robust_options(w, tr, 4, 8, step_tokens=256)
+    assert opts["factors"].shape == (4, 16, 8) and opts["step_share"] == pytest.approx(256 / (w.sum(1).mean() / 4))
+    plan = make_plan(SMALL, ds, w, trace=tr, slots_per_gpu=3, step_tokens=256)
+    direct = plan_placement(w, np.full(8, 3), **opts)
+    assert np.array_equal(plan.placement.phy2log, direct.phy2log)
+    # the polish keeps the planning maximum within 0.2 % of the bound (or the plain plan's)
+    plain = make_plan(SMALL, ds, w, slots_per_gpu=3).placement
+    top = gpu_loads(plan.placement, w).max(axis=1)
+    assert (top <= np.maximum(gpu_loads(plain, w).max(axis=1), lower_bound(w, 8, 24) * 1.002) + 1e-9).all()
+    with pytest.raises(UsageError, match="step_tokens"):
+        make_plan(SMALL, ds, w, trace=tr, step_tokens=0)
+
+
 def test_cache_mode_when_experts_do_not_fit():
     ds = parse_devices("2xRTX-5090", nvme="2x14@4TB", host_dram="64GB")
     # 32 GB - 10 GB dense share: 20 experts of 1 GiB per GPU < 16 experts x 2 layers
     plan = make_plan(SMALL, ds, loads_for(SMALL), heldout_trace=trace_for(SMALL, 40))
     assert plan.mode == "cache"
     rep = plan.cache_report
-    assert rep.simulated and rep.best_policy in ("lru", "lfu", "static", "hot-recent")
+    assert rep.simulated and rep.best_policy in ("lru", "lfu", "static", "hot-recent", "recent-freq")
     names = [p.policy for p in rep.policies]
-    assert names == ["lru", "lfu", "static", "hot-recent", "belady", "belady-bypass"]
+    assert names == ["lru", "lfu", "static", "hot-recent", "recent-freq", "belady", "belady-bypass"]
     bel = rep.policy("belady-bypass").hbm_hit
     assert all(p.hbm_hit <= bel + 1e-12 for p in rep.policies)
     for p in rep.policies:

@@ -4,9 +4,12 @@
     python tools/bench_plan.py [--loads-dir DIR] [--seed N] [--windows W] [--steps S]
 
 Synthetic scenarios (k3ckpt.shard.synthetic, K3 skew): plan on window 0 (200k
-tokens), judge on held-out windows 1..W (drift sigma 0.1, their own topic
-mixture), each judged per step of 512 tokens per GPU.  Targets (issue
-"k3ckpt plan"):
+tokens of loads plus a 4,096-token routing trace of the same window), judge on
+held-out windows 1..W (drift sigma 0.1, their own topic mixture), each judged per
+step of 512 tokens per GPU.  EPLB gets the loads (it has no use for a trace); ours
+is shown with loads only and with the trace (``make_plan``'s default when a
+planning trace is given: the trace's shared load factors steer a robust polish,
+docs/planner.md).  Targets (issue "k3ckpt plan"):
 
   T1  held-out balancedness >= EPLB's in every scenario (same slots)
   T2  held-out balancedness with half of EPLB's redundant slots >= EPLB's, in at
@@ -37,6 +40,7 @@ from k3ckpt.shard import synthetic as syn  # noqa: E402
 from k3ckpt.shard.devices import parse_devices  # noqa: E402
 from k3ckpt.shard.eplb import rebalance_experts  # noqa: E402
 from k3ckpt.shard.loads import read_keep_tiers, read_loads  # noqa: E402
+from k3ckpt.shard.planner import robust_options  # noqa: E402
 from k3ckpt.shard.placement import (  # noqa: E402
     Placement,
     even_slots,
@@ -49,6 +53,7 @@ from k3ckpt.shard.plan import MoEGeometry, make_plan  # noqa: E402
 from k3ckpt.shard.topology import order_bins, traffic  # noqa: E402
 
 PLAN_TOKENS = 200_000
+PLAN_TRACE_TOKENS = 4096
 STEP_TOKENS_PER_GPU = 512
 
 
@@ -85,7 +90,8 @@ def synthetic_windows(geo: MoEGeometry, gpus: int, seed: int, windows: int, step
     probs = syn.window_probs(pop, seed, 0)
     rng = np.random.default_rng([seed, 0x57EAD])
     steady = [rng.binomial(tokens, probs).astype(np.float64) for _ in range(windows * steps)]
-    return pop, plan, judge, steady
+    trace = syn.sample_trace(pop, PLAN_TRACE_TOKENS, seed, 0)
+    return pop, plan, judge, steady, trace
 
 
 def row(name, value, target, ok):
@@ -105,35 +111,42 @@ def placement_scenarios(args, tiers_k3):
     print(f"\n== Placement: planning window {PLAN_TOKENS} tokens; held-out {args.windows} windows x {args.steps} "
           f"steps of {STEP_TOKENS_PER_GPU} tokens/GPU (drift 0.1)"
           + ("; K3 shaped by REAP masks" if tiers_k3 is not None else ""))
-    hdr = (f"  {'scenario':<38} {'slots':>9} {'EPLB held':>9} {'ours held':>9} {'ratio':>7} {'half':>6} "
-           f"{'ours@half':>9} {'ratio':>7} {'gap EPLB':>8} {'gap ours':>8} {'t EPLB':>6} {'t ours':>6}")
+    hdr = (f"  {'scenario':<38} {'slots':>5} {'EPLB':>7} {'ours':>7} {'ratio':>7} {'+trace':>7} {'ratio':>7} "
+           f"{'half':>5} {'+trace':>7} {'ratio':>7} {'gap EPLB':>8} {'gap ours':>8} {'t EPLB':>6} {'t ours':>6}")
     print(hdr)
     for i, (name, geo, spec, slots) in enumerate(scenarios):
         ds = parse_devices(spec)
         G = ds.num_gpus
         tiers = tiers_k3 if geo.experts == 896 else None
-        _, plan, judge, steady = synthetic_windows(geo, G, args.seed + i, args.windows, args.steps, tiers)
+        _, plan, judge, steady, trace = synthetic_windows(geo, G, args.seed + i, args.windows, args.steps, tiers)
         t = time.perf_counter()
         pe = eplb_placement(plan, slots, G)
         te = time.perf_counter() - t
-        t = time.perf_counter()
-        po = plan_placement(plan, even_slots(G, slots))
-        to = time.perf_counter() - t
         half = geo.experts + (slots - geo.experts) // 2
-        ph = plan_placement(plan, even_slots(G, half))
-        be, bo, bh = heldout_balance(pe, judge), heldout_balance(po, judge), heldout_balance(ph, judge)
-        se, so, sh = heldout_balance(pe, steady), heldout_balance(po, steady), heldout_balance(ph, steady)
-        r = dict(name=name, slots=slots, half=half, be=be, bo=bo, bh=bh, ge=gap(pe, plan), go=gap(po, plan),
-                 gh=gap(ph, plan), te=te, to=to, coloc=pe.colocated_replicas(), se=se, so=so, sh=sh)
+        po = plan_placement(plan, even_slots(G, slots))
+        t = time.perf_counter()
+        rob = robust_options(plan, trace, geo.top_k, G, STEP_TOKENS_PER_GPU * G)
+        pt = plan_placement(plan, even_slots(G, slots), **rob)
+        to = time.perf_counter() - t
+        pth = plan_placement(plan, even_slots(G, half), **rob)
+        be, bo = heldout_balance(pe, judge), heldout_balance(po, judge)
+        bt, bth = heldout_balance(pt, judge), heldout_balance(pth, judge)
+        se, so, sh = heldout_balance(pe, steady), heldout_balance(pt, steady), heldout_balance(pth, steady)
+        r = dict(name=name, slots=slots, half=half, be=be, bo=bo, bt=bt, bth=bth, ge=gap(pe, plan),
+                 go=gap(pt, plan), gl=gap(po, plan), te=te, to=to, coloc=pe.colocated_replicas(), se=se, so=so,
+                 sh=sh)
         results.append(r)
-        print(f"  {name:<38} {slots:>9} {be:>9.4f} {bo:>9.4f} {bo / be:>7.4f} {half:>6} {bh:>9.4f} {bh / be:>7.4f} "
+        print(f"  {name:<38} {slots:>5} {be:>7.4f} {bo:>7.4f} {bo / be:>7.4f} {bt:>7.4f} {bt / be:>7.4f} "
+              f"{half:>5} {bth:>7.4f} {bth / be:>7.4f} "
               f"{r['ge']:>8.4%} {r['go']:>8.4%} {te:>6.2f} {to:>6.2f}")
+    print("  (ours = loads only; +trace = with the planning trace; gap ours and t ours: with the trace, the time"
+          " including the trace's load factors)")
     print("  (EPLB puts two replicas of one expert on one GPU: "
           + ", ".join(f"{r['coloc']}" for r in results) + " replicas; ours: 0 by construction)")
-    print("  steady workload (no drift, new samples of the planning distribution):")
+    print("  steady workload (no drift, new samples of the planning distribution; ours with the trace):")
     for r in results:
-        print(f"  {r['name']:<38} {r['slots']:>9} {r['se']:>9.4f} {r['so']:>9.4f} {r['so'] / r['se']:>7.4f} "
-              f"{r['half']:>6} {r['sh']:>9.4f} {r['sh'] / r['se']:>7.4f}")
+        print(f"  {r['name']:<38} {r['slots']:>5} {r['se']:>7.4f} {'':>7} {'':>7} {r['so']:>7.4f} "
+              f"{r['so'] / r['se']:>7.4f} {r['half']:>5} {r['sh']:>7.4f} {r['sh'] / r['se']:>7.4f}")
     return results
 
 
@@ -262,19 +275,23 @@ def main(argv=None) -> int:
     ds_res = deepseek_section(args.loads_dir) if args.loads_dir else None
 
     print("\n== Targets")
-    t1 = all(r["bo"] >= r["be"] for r in res)
-    worst = min(res, key=lambda r: r["bo"] / r["be"])
-    print(row("T1 held-out balancedness >= EPLB, every scenario", f"min ratio {worst['bo'] / worst['be']:.5f}",
+    t1 = all(r["bt"] >= r["be"] for r in res)
+    worst = min(res, key=lambda r: r["bt"] / r["be"])
+    print(row("T1 held-out balancedness >= EPLB, every scenario", f"min ratio {worst['bt'] / worst['be']:.5f}",
               ">= 1.0000", t1))
-    best = max(res, key=lambda r: r["bh"] / r["be"])
-    t2 = best["bh"] >= best["be"]
+    worst_l = min(res, key=lambda r: r["bo"] / r["be"])
+    print(row("   (info) T1 with loads only (no planning trace)", f"min ratio {worst_l['bo'] / worst_l['be']:.5f}",
+              ">= 1.0000", all(r["bo"] >= r["be"] for r in res)))
+    best = max(res, key=lambda r: r["bth"] / r["be"])
+    bbest = best["bth"]
+    t2 = bbest >= best["be"]
     print(row("T2 half the redundant slots, >= EPLB's balance (>= 1 scenario)",
-              f"best ratio {best['bh'] / best['be']:.5f}", ">= 1.0000", t2))
+              f"best ratio {bbest / best['be']:.5f}", ">= 1.0000", t2))
     best_s = max(res, key=lambda r: r["sh"] / r["se"])
     print(row("   (info) T2 on a steady workload (no drift)", f"best ratio {best_s['sh'] / best_s['se']:.5f}",
               ">= 1.0000", best_s["sh"] >= best_s["se"]))
-    t3 = all(r["go"] <= 0.01 for r in res)
-    print(row("T3 gap to lower bound on planning loads, every scenario", f"max {max(r['go'] for r in res):.4%}",
+    t3 = all(max(r["go"], r["gl"]) <= 0.01 for r in res)
+    print(row("T3 gap to lower bound on planning loads, every scenario", f"max {max(max(r['go'], r['gl']) for r in res):.4%}",
               "<= 1%", t3))
     secs = [v[0] for v in timing.values()]
     print(row("T4 plan K3 for 1024 GPUs (default slot budget)", f"{secs[0]:.3f} s", "< 1 s", secs[0] < 1.0))

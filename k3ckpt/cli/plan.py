@@ -168,7 +168,9 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
               help="On-device expert format (sets the bytes per expert); see `k3ckpt formats`.")
 @click.option("--loads", type=click.Path(dir_okay=False), help="Per-expert loads [moe_layers, experts]: "
               ".npy, .json or .csv (default: synthetic).")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Routing trace [tokens, moe_layers, top_k] .npy.")
+@click.option("--trace", type=click.Path(dir_okay=False),
+              help="Routing trace [tokens, moe_layers, top_k] .npy from the planning window: co-activation for "
+                   "placement (experts whose loads move together are spread over GPUs) and the cache simulation.")
 @click.option("--heldout", type=click.Path(dir_okay=False), help="Held-out trace for traffic and cache "
               "simulation (default: --trace).")
 @click.option("--redundant", type=int, help="Redundant expert slots per layer (placement mode).")

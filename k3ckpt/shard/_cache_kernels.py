@@ -1,8 +1,8 @@
 """numba kernels of the cache simulators in ``cache.py``.
 
 Each kernel has a plain-Python reference with the same signature in ``cache.py``
-(``lru_hits_ref``, ``lfu_hits_ref``, ``belady_hits_ref``); tests hold them equal
-hit for hit.  Imported lazily: numba loads only when a simulation runs.
+(``lru_hits_ref``, ``lfu_hits_ref``, ``belady_hits_ref``, ``hot_recent_hits_ref``,
+``recent_freq_hits_ref``); tests hold them equal hit for hit.  Imported lazily: numba loads only when a simulation runs.
 
 Common signature: ``(keys int64[n], capacity, initial int64[m], nkeys) -> bool[n]``.
 ``initial`` is the warm content, inserted in order (the last is the most recent).
@@ -276,6 +276,101 @@ def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
                 top, hsize = _pop(heap, hsize)
                 u = top % nkeys
                 if inside[u] and in_heap[u]:
+                    v = u
+                    break
+            if v >= 0:
+                in_heap[v] = False
+            else:
+                v = prv[tail]
+                _lru_drop(nxt, prv, v)
+            inside[v] = False
+            size -= 1
+        inside[k] = True
+        size += 1
+        _lru_touch(nxt, prv, head, k, False)
+        last[k] = t
+    return hits
+
+
+@njit
+def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkeys):
+    # hot-recent with a moving heat: score[k] = prior[k] + unit * (runs of k that
+    # started in the last ``horizon`` accesses).  A run starts at an access whose key
+    # was not a resident read in the last ``window`` accesses.  Residents read in the
+    # last ``window`` accesses stay; among the others the lowest (score, key) leaves;
+    # if all are that recent, the least recently used.  Heap entries are
+    # ``score * nkeys + key``; one is stale once its key left the heap or its score moved.
+    n = keys.shape[0]
+    m = initial.shape[0]
+    hits = np.zeros(n, dtype=np.bool_)
+    if capacity <= 0:
+        return hits
+    inside = np.zeros(nkeys, dtype=np.bool_)
+    in_heap = np.zeros(nkeys, dtype=np.bool_)
+    last = np.zeros(nkeys, dtype=np.int64)
+    score = prior.copy()
+    head = nkeys
+    tail = nkeys + 1
+    nxt = np.full(nkeys + 2, -1, dtype=np.int64)
+    prv = np.full(nkeys + 2, -1, dtype=np.int64)
+    nxt[head] = tail
+    prv[tail] = head
+    heap = np.empty(m + 2 * n + 1, dtype=np.int64)
+    hsize = 0
+    size = 0
+    ev_t = np.empty(n, dtype=np.int64)  # run starts, oldest first
+    ev_k = np.empty(n, dtype=np.int64)
+    ev_head = 0
+    ev_tail = 0
+    base = -(window + m + 2)
+    for j in range(m):
+        k = initial[j]
+        if inside[k]:
+            _lru_touch(nxt, prv, head, k, True)
+        else:
+            if size == capacity:
+                v = prv[tail]
+                _lru_drop(nxt, prv, v)
+                inside[v] = False
+                size -= 1
+            inside[k] = True
+            size += 1
+            _lru_touch(nxt, prv, head, k, False)
+        last[k] = base + j
+    for t in range(n):
+        # runs older than the horizon stop counting
+        while ev_head < ev_tail and ev_t[ev_head] < t - horizon:
+            u = ev_k[ev_head]
+            ev_head += 1
+            score[u] -= unit
+            if in_heap[u]:
+                hsize = _push(heap, hsize, score[u] * nkeys + u)
+        while prv[tail] != head and last[prv[tail]] < t - window:
+            u = prv[tail]
+            _lru_drop(nxt, prv, u)
+            in_heap[u] = True
+            hsize = _push(heap, hsize, score[u] * nkeys + u)
+        k = keys[t]
+        if not (inside[k] and not in_heap[k]):
+            score[k] += unit
+            ev_t[ev_tail] = t
+            ev_k[ev_tail] = k
+            ev_tail += 1
+        if inside[k]:
+            hits[t] = True
+            if in_heap[k]:
+                in_heap[k] = False
+                _lru_touch(nxt, prv, head, k, False)
+            else:
+                _lru_touch(nxt, prv, head, k, True)
+            last[k] = t
+            continue
+        if size == capacity:
+            v = -1
+            while hsize > 0:
+                top, hsize = _pop(heap, hsize)
+                u = top % nkeys
+                if inside[u] and in_heap[u] and top // nkeys == score[u]:
                     v = u
                     break
             if v >= 0:

@@ -20,9 +20,15 @@ the hottest experts of the planning loads, so the bound holds from step one):
   plus one layer's) stay; among the others the coldest by planning load leaves.
   Routing persists from token to token, so a key just read is likely read again
   in the same layer of the next token; beyond that popularity ranks keys.
+* ``recent-freq``: ``hot-recent`` whose heat moves with the trace: a key's score
+  is its planning rate (reads per token) times ``RF_PRIOR_TOKENS`` plus the runs
+  of it that started in the last ``RF_HORIZON_TOKENS`` tokens.  Topics change
+  which experts are hot from document to document; recent run starts see that,
+  the planning rate keeps the long-run order.  (A decayed frequency over a planning
+  prior, as vLLM-Moet's GPU pool.)
 * ``belady``: Belady's MIN (the resident needed farthest in the future leaves):
   the optimal hit rate of any policy that admits every miss, so a bound for
-  ``lru``, ``lfu`` and ``hot-recent``.
+  ``lru``, ``lfu``, ``hot-recent`` and ``recent-freq``.
 * ``belady-bypass``: MIN where the missing key may also stay out: the optimal hit
   rate of any policy (``static`` included) from the same start.
 
@@ -46,6 +52,7 @@ __all__ = [
     "lfu_hits_ref",
     "belady_hits_ref",
     "hot_recent_hits_ref",
+    "recent_freq_hits_ref",
     "static_hits",
     "simulate",
     "TierStats",
@@ -55,8 +62,14 @@ __all__ = [
     "simulate_rank",
 ]
 
-POLICIES = ("lru", "lfu", "static", "hot-recent", "belady", "belady-bypass")
-ONLINE = ("lru", "lfu", "static", "hot-recent")
+POLICIES = ("lru", "lfu", "static", "hot-recent", "recent-freq", "belady", "belady-bypass")
+ONLINE = ("lru", "lfu", "static", "hot-recent", "recent-freq")
+
+# recent-freq's constants, in tokens; chosen on traces of the planning window
+# (docs/planner.md, "Cache mode"), never on the held-out trace
+RF_HORIZON_TOKENS = 256
+RF_PRIOR_TOKENS = 128
+RF_UNIT = 1000  # score resolution: one run start
 
 
 # ---------------------------------------------------------------------------
@@ -175,6 +188,51 @@ def hot_recent_hits_ref(
     return hits
 
 
+def recent_freq_hits_ref(
+    keys: np.ndarray,
+    capacity: int,
+    initial: np.ndarray,
+    prior: np.ndarray,
+    window: int,
+    horizon: int,
+    unit: int,
+    nkeys: int,
+) -> np.ndarray:
+    """recent-freq: ``score[k] = prior[k] + unit * runs of k started in the last
+    ``horizon`` accesses`` (a run starts at a read of a key that is not a resident
+    read in the last ``window`` accesses).  Residents read in the last ``window``
+    accesses stay; among the others the lowest ``(score, key)`` leaves; when all are
+    that recent, the least recently used.  Warm keys count as read long ago."""
+    hits = np.zeros(len(keys), dtype=bool)
+    if capacity <= 0:
+        return hits
+    m = len(initial)
+    base = -(window + m + 2)
+    last: dict[int, int] = {}
+    for j, k in enumerate(map(int, initial)):
+        if k not in last and len(last) == capacity:
+            del last[min(last, key=last.__getitem__)]
+        last[k] = base + j
+    score = [int(x) for x in prior]
+    starts: list[tuple[int, int]] = []
+    first = 0
+    for t, k in enumerate(map(int, keys)):
+        while first < len(starts) and starts[first][0] < t - horizon:
+            score[starts[first][1]] -= unit
+            first += 1
+        if not (k in last and last[k] >= t - window):
+            score[k] += unit
+            starts.append((t, k))
+        if k in last:
+            hits[t] = True
+        elif len(last) == capacity:
+            old = [v for v in last if last[v] < t - window]
+            victim = min(old, key=lambda v: (score[v], v)) if old else min(last, key=last.__getitem__)
+            del last[victim]
+        last[k] = t
+    return hits
+
+
 def static_hits(keys: np.ndarray, pinned: np.ndarray, nkeys: int) -> np.ndarray:
     """Hits of a pinned set: ``keys`` that are in ``pinned``."""
     member = np.zeros(nkeys, dtype=bool)
@@ -190,6 +248,8 @@ def simulate(
     nkeys: int,
     *,
     window: int = 0,
+    rates: np.ndarray | None = None,
+    horizon: int = 0,
     reference: bool = False,
 ) -> np.ndarray:
     """``bool [n]`` hits of ``policy`` on ``keys`` (numba kernel unless ``reference``).
@@ -198,7 +258,10 @@ def simulate(
         order: candidate keys in increasing heat (planning load); the warm content
             of every policy is its last ``capacity`` keys, ``static`` pins them and
             ``hot-recent`` ranks evictions by position in it.
-        window: ``hot-recent``'s recency window in accesses.
+        window: ``hot-recent``'s and ``recent-freq``'s recency window in accesses.
+        rates: ``[nkeys]`` planning reads per token of every key (``recent-freq``'s
+            prior, weighted by ``RF_PRIOR_TOKENS``); None: no prior.
+        horizon: ``recent-freq``'s run-counting horizon in accesses.
     """
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     order = np.ascontiguousarray(order, dtype=np.int64)
@@ -210,6 +273,17 @@ def simulate(
         raise UsageError(f"cache keys must lie in [0, {nkeys})")
     if policy == "static":
         return static_hits(keys, warm, nkeys)
+    if policy == "recent-freq":
+        r = np.zeros(nkeys) if rates is None else np.asarray(rates, dtype=np.float64)
+        if r.shape != (nkeys,) or not np.all(np.isfinite(r)) or (r < 0).any():
+            raise UsageError(f"rates must be [{nkeys}] finite non-negative reads per token")
+        prior = np.round(r * (RF_PRIOR_TOKENS * RF_UNIT)).astype(np.int64)
+        args = (keys, capacity, warm, prior, int(window), int(horizon), RF_UNIT, int(nkeys))
+        if reference:
+            return recent_freq_hits_ref(*args)
+        from . import _cache_kernels as K
+
+        return K.recent_freq_hits(*args)
     if policy == "hot-recent":
         # unique heat: keys outside ``order`` are colder than all in it, lower id colder
         heat = np.arange(nkeys, dtype=np.int64)
@@ -326,14 +400,19 @@ def simulate_rank(
     # a run continues in the same layer one token later: protect one token's reads
     # plus one layer's
     k = trace.shape[2]
-    window = (cache.layer_stop - cache.layer_start) * k + k - 1
+    per_token = (cache.layer_stop - cache.layer_start) * k
+    window = per_token + k - 1
+    # planning reads per token of every key: a layer's loads sum to tokens x top-k
+    tot = loads.sum(axis=1, keepdims=True)
+    rates = np.divide(loads * k, tot, out=np.zeros_like(loads, dtype=np.float64), where=tot > 0).ravel()
+    opts = dict(window=window, rates=rates, horizon=RF_HORIZON_TOKENS * per_token)
     out = {}
     for policy in policies:
-        hit1 = simulate(policy, keys, c1, order, nkeys, window=window)
+        hit1 = simulate(policy, keys, c1, order, nkeys, **opts)
         miss = keys[~hit1]
         # tier 2 sees tier 1's misses; its warm content is the next hottest keys
         hit2 = (
-            simulate(policy, miss, c2, order[: order.size - c1], nkeys, window=window)
+            simulate(policy, miss, c2, order[: order.size - c1], nkeys, **opts)
             if c2
             else np.zeros(miss.size, dtype=bool)
         )

@@ -5,6 +5,10 @@ layer with its expert, its size (expert load / replica count) and its GPU.  Item
 are kept sorted by size, descending, ties by expert id, so all replicas of one
 expert are adjacent.  Used by ``placement.plan_placement``; numpy only.
 
+``set_noise`` switches a packing to a robust objective (load plus ``kappa``
+standard deviations from drift, counting noise and shared load factors) for the
+final polish.
+
 Tie-breaking: stable sorts; ``argmin``/``argmax`` take the lowest index.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PackState", "pack", "pack_rounds", "scenario_max", "swap_search", "take_rows"]
+__all__ = ["PackState", "pack", "pack_rounds", "scenario_max", "set_noise", "swap_search", "take_rows"]
 
 
 def items_of(loads: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,6 +166,10 @@ class PackState:
 
     ``item2exp, size, item_gpu [L, S]``; ``gl [L, G]`` GPU loads;
     ``gpu_items [L, G, smax]`` item ids per GPU, -1 where a GPU has fewer slots.
+    After ``set_noise`` (``kappa > 0``) the search balances the robust load
+    ``gl + kappa * sqrt(gv + |gp|^2)``: ``gv [L, G]`` the GPUs' independent variance
+    (sum of the items' ``var``), ``gp [L, G, R]`` their summed factor loadings
+    (items' ``proj``), and no swap lifts a GPU's ``gl`` above ``limit [L]``.
     """
 
     def __init__(self, item2exp, size, item_gpu, cap):
@@ -173,6 +181,13 @@ class PackState:
         self.cap = cap
         r = np.arange(L)[:, None]
         self.gl = _row_bincount(item_gpu, size, G)
+        # robust objective, off until set_noise
+        self.kappa = 0.0
+        self.limit = np.full(L, np.inf)
+        self.var = np.zeros_like(size)
+        self.gv = np.zeros((L, G))
+        self.proj = np.zeros((L, S, 0))
+        self.gp = np.zeros((L, G, 0))
         smax = int(cap.max())
         order = np.argsort(item_gpu, axis=1, kind="stable")
         self.gpu_items = np.full((L, G, smax), -1, dtype=np.int64)
@@ -183,6 +198,15 @@ class PackState:
 
     def max_load(self) -> np.ndarray:
         return self.gl.max(axis=1)
+
+    def robust(self) -> np.ndarray:
+        """``[L, G]`` the balanced quantity: loads, plus ``kappa`` standard deviations."""
+        if self.kappa == 0.0:
+            return self.gl
+        return self.gl + self.kappa * np.sqrt(np.maximum(self.gv + (self.gp**2).sum(axis=2), 0.0))
+
+    def robust_max(self) -> np.ndarray:
+        return self.robust().max(axis=1)
 
 
 def _holds(state: PackState, layers: np.ndarray, gpus: np.ndarray, exps: np.ndarray) -> np.ndarray:
@@ -205,11 +229,12 @@ def swap_search(state: PackState, max_iters: int, partners: int = 8, tries: int 
         return
     m = min(partners, G - 1)
     active = np.ones(L, dtype=bool)
+    kappa = state.kappa
     for _ in range(max_iters):
         rows = np.flatnonzero(active)
         if rows.size == 0:
             break
-        gl = state.gl[rows]
+        gl = state.robust()[rows] if kappa else state.gl[rows]
         h = np.argmax(gl, axis=1)
         M = gl[np.arange(rows.size), h]
         # partners: the m lightest GPUs other than h (argpartition, then sorted by
@@ -224,11 +249,49 @@ def swap_search(state: PackState, max_iters: int, partners: int = 8, tries: int 
         b_gpu = np.repeat(order, state.gpu_items.shape[2], axis=1)
         sa = np.where(a_items >= 0, state.size[rows[:, None], np.maximum(a_items, 0)], -np.inf)
         sb = np.where(b_items >= 0, state.size[rows[:, None], np.maximum(b_items, 0)], np.inf)
-        glb = np.take_along_axis(gl, b_gpu, axis=1)
-        d = sa[:, :, None] - sb[:, None, :]
-        new = np.maximum(M[:, None, None] - d, glb[:, None, :] + d)
         tol = 1e-12 * np.maximum(M, 1e-300)
-        ok = (d > tol[:, None, None]) & (new < (M - tol)[:, None, None])
+        d = sa[:, :, None] - sb[:, None, :]
+        if kappa:
+            va = state.var[rows[:, None], np.maximum(a_items, 0)]
+            vb = state.var[rows[:, None], np.maximum(b_items, 0)]
+            dv = va[:, :, None] - vb[:, None, :]
+            ga = state.gl[rows, h]
+            glb = np.take_along_axis(state.gl[rows], b_gpu, axis=1)
+            va_new = state.gv[rows, h][:, None, None] - dv
+            vb_new = np.take_along_axis(state.gv[rows], b_gpu, axis=1)[:, None, :] + dv
+            if state.proj.shape[2]:
+                # |gpa - ya + yb|^2 and |gpb + ya - yb|^2 for every pair, expanded so
+                # that only [n, A, B] arrays appear (two batched products)
+                ya = state.proj[rows[:, None], np.maximum(a_items, 0)]  # [n, A, R]
+                yb = state.proj[rows[:, None], np.maximum(b_items, 0)]  # [n, B, R]
+                gpa = state.gp[rows, h]  # [n, R]
+                gpb = np.take_along_axis(state.gp[rows], b_gpu[:, :, None], axis=1)  # [n, B, R]
+                cross = ya @ yb.transpose(0, 2, 1)  # [n, A, B]
+                ya2 = (ya * ya).sum(axis=2)
+                yb2 = (yb * yb).sum(axis=2)
+                sq = ya2[:, :, None] + yb2[:, None, :] - 2 * cross
+                gya = (ya * gpa[:, None, :]).sum(axis=2)  # [n, A]
+                gyb = (yb * gpa[:, None, :]).sum(axis=2)  # [n, B]
+                va_new = va_new + ((gpa * gpa).sum(axis=1)[:, None, None] - 2 * gya[:, :, None]
+                                   + 2 * gyb[:, None, :] + sq)
+                gbya = ya @ gpb.transpose(0, 2, 1)  # [n, A, B]: gpb . ya
+                gbyb = (gpb * yb).sum(axis=2)  # [n, B]
+                vb_new = vb_new + ((gpb * gpb).sum(axis=2)[:, None, :] + 2 * gbya - 2 * gbyb[:, None, :] + sq)
+            with np.errstate(invalid="ignore"):
+                na = ga[:, None, None] - d + kappa * np.sqrt(np.maximum(va_new, 0.0))
+                nb_ = glb[:, None, :] + d + kappa * np.sqrt(np.maximum(vb_new, 0.0))
+            new = np.maximum(na, nb_)
+            lim = state.limit[rows][:, None, None]
+            ok = (
+                np.isfinite(d)
+                & (new < (M - tol)[:, None, None])
+                & (ga[:, None, None] - d <= lim)
+                & (glb[:, None, :] + d <= lim)
+            )
+        else:
+            glb = np.take_along_axis(gl, b_gpu, axis=1)
+            new = np.maximum(M[:, None, None] - d, glb[:, None, :] + d)
+            ok = (d > tol[:, None, None]) & (new < (M - tol)[:, None, None])
         score = np.where(ok, new, np.inf).reshape(rows.size, -1)
         nb = b_items.shape[1]
         chosen = np.full(rows.size, -1, dtype=np.int64)
@@ -267,6 +330,15 @@ def _apply_swap(state: PackState, layers, ga, ia, gb, ib) -> None:
     sb = state.size[layers, ib]
     state.gl[layers, ga] += sb - sa
     state.gl[layers, gb] += sa - sb
+    va = state.var[layers, ia]
+    vb = state.var[layers, ib]
+    state.gv[layers, ga] += vb - va
+    state.gv[layers, gb] += va - vb
+    if state.proj.shape[2]:
+        ya = state.proj[layers, ia]
+        yb = state.proj[layers, ib]
+        state.gp[layers, ga] += yb - ya
+        state.gp[layers, gb] += ya - yb
     state.item_gpu[layers, ia] = gb
     state.item_gpu[layers, ib] = ga
     pa = np.argmax(state.gpu_items[layers, ga] == ia[:, None], axis=1)
@@ -318,6 +390,37 @@ def scenario_max(state: PackState, counts: np.ndarray, scen: np.ndarray) -> np.n
     return gl.max(axis=2).mean(axis=0)
 
 
+def item_variance(counts, item2exp, size, noise):
+    """``[L, S]`` variance of every replica's load under ``noise = (sigma, q)``:
+    lognormal drift ``sigma`` per expert (shared by its replicas) and counting noise
+    of ``q`` times the mean."""
+    sigma, q = noise
+    c = np.take_along_axis(counts, item2exp, axis=1)
+    return (sigma * size) ** 2 + q * size / c
+
+
+def set_noise(state: PackState, counts, noise, kappa: float, factors=None, limit=None) -> None:
+    """Switch ``state`` to the robust objective: item variances from ``noise``,
+    factor loadings from ``factors [L, E, R]`` (a replica carries ``1 / c``),
+    planning loads capped at ``limit [L]``."""
+    L, S = state.size.shape
+    G = state.gl.shape[1]
+    state.kappa = float(kappa)
+    state.var = item_variance(counts, state.item2exp, state.size, noise)
+    state.gv = _row_bincount(state.item_gpu, state.var, G)
+    c = np.take_along_axis(counts, state.item2exp, axis=1)
+    if factors is None:
+        state.proj = np.zeros((L, S, 0))
+    else:
+        state.proj = np.take_along_axis(factors, state.item2exp[:, :, None], axis=1) / c[:, :, None]
+    R = state.proj.shape[2]
+    state.gp = np.zeros((L, G, R))
+    for k in range(R):
+        state.gp[:, :, k] = _row_bincount(state.item_gpu, state.proj[:, :, k], G)
+    if limit is not None:
+        state.limit = np.asarray(limit, dtype=np.float64).copy()
+
+
 def pack(loads: np.ndarray, counts: np.ndarray, cap: np.ndarray, iters: int, partners: int) -> PackState:
     """Pack every row's replicas (LPT by rounds), fix colocations, swap-search."""
     item2exp, size = items_of(loads, counts)
@@ -328,5 +431,5 @@ def pack(loads: np.ndarray, counts: np.ndarray, cap: np.ndarray, iters: int, par
 
 
 def take_rows(dst: PackState, rows: np.ndarray, src: PackState, src_rows: np.ndarray) -> None:
-    for name in ("item2exp", "size", "item_gpu", "gl", "gpu_items"):
+    for name in ("item2exp", "size", "item_gpu", "gl", "gpu_items", "var", "gv", "proj", "gp"):
         getattr(dst, name)[rows] = getattr(src, name)[src_rows]

@@ -19,6 +19,9 @@ Planner, per layer, all layers at once in numpy:
    replica alone.
 3. Replica moves: a slot is taken from an over-replicated expert and given to an
    expert on the heaviest GPU when that lowers the maximum, then swaps again.
+4. With shared load factors (``factors``, from a planning trace): a robust polish,
+   swaps that lower the largest ``load + kappa * sd`` of a GPU over the next steps,
+   under a cap on the planning load (docs/planner.md, step 6).
 
 Tie-breaking is deterministic everywhere: stable sorts, lowest index on ties.
 """
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from .packing import pack, scenario_max, take_rows
+from .packing import pack, scenario_max, set_noise, swap_search, take_rows
 
 __all__ = [
     "Placement",
@@ -300,6 +303,11 @@ def plan_placement(
     climb_width: int = 4,
     climb_gap: float = 2e-3,
     climb_budget: int = 1 << 17,
+    factors: np.ndarray | None = None,
+    kappa: float = 2.0,
+    step_share: float = 0.0,
+    robust_slack: float = 2e-3,
+    robust_iters: int | None = None,
 ) -> Placement:
     """Plan replica counts and their GPUs for every layer.
 
@@ -319,6 +327,14 @@ def plan_placement(
             experts, re-packs every variant, keeps the best if it lowers the maximum.
         climb_budget: items re-packed per climbing step at most (bounds the time);
             when one layer's transfer pairs fit in it, pairs are tried too.
+        factors: ``[layers, experts, R]`` shared load factors of the next steps (in
+            load units; ``topology.load_factors`` from a planning trace).  Given, a
+            final swap search balances each GPU's load plus ``kappa`` standard
+            deviations of it: drift ``drift`` per expert, counting noise of a step
+            ``step_share`` times the planning window, and the factors (co-moving
+            experts spread over GPUs).  No GPU's planning load may pass its layer's
+            maximum or ``(1 + robust_slack)`` times the lower bound, whichever is larger.
+            ``robust_iters`` bounds its rounds (default: as ``swap_iters``).
 
     Returns:
         A ``Placement`` whose slot layout is ``slots_to_slot2gpu(slots_per_gpu)``.
@@ -337,6 +353,10 @@ def plan_placement(
     usable = int(np.count_nonzero(cap))
     _check_counts_args(loads, S, usable)
     iters = 4 * int(cap.max()) + 64 if swap_iters is None else int(swap_iters)
+    if factors is not None:
+        factors = np.asarray(factors, dtype=np.float64)
+        if factors.ndim != 3 or factors.shape[:2] != (L, E) or not np.all(np.isfinite(factors)):
+            raise UsageError(f"factors must be finite [{L}, {E}, R], found {list(factors.shape)}")
     rng = np.random.default_rng([seed, 0xD21F7])
     scen = loads[None] * np.exp(drift * rng.standard_normal((scenarios, L, E)) - drift * drift / 2)
 
@@ -395,6 +415,14 @@ def plan_placement(
                 top[l] = tmax[j]
                 improved.append(l)
         active = np.array([l for l in improved if top[l] > lb[l] * (1 + climb_gap)], dtype=np.int64)
+
+    if factors is not None and kappa > 0 and G > 1:
+        # robust polish: balance mean + kappa sd of the next steps' GPU loads, never
+        # letting a GPU's planning load pass max(its layer's maximum, (1 + slack) LB)
+        limit = np.maximum(state.max_load(), lb * (1 + robust_slack))
+        noise = (drift, 1.0 / step_share if step_share > 0 else 0.0)
+        set_noise(state, counts, noise, kappa, factors, limit)
+        swap_search(state, iters if robust_iters is None else int(robust_iters), partners=partners)
 
     order = np.lexsort((np.arange(S)[None, :].repeat(L, 0), state.item_gpu), axis=1)
     phy2log = np.take_along_axis(state.item2exp, order, axis=1)

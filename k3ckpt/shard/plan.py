@@ -465,7 +465,9 @@ def make_plan(
     Args:
         loads: ``[moe_layers, experts]`` planning loads (validated).
         trace: optional planning routing trace ``[tokens, moe_layers, top_k]``: its
-            co-activation orders GPUs by scale-up domain (placement mode).
+            co-activation orders GPUs by scale-up domain, and its shared load
+            factors steer a robust polish of the packing (placement mode; at least
+            64 tokens).
         heldout_trace: optional held-out trace: traffic figures (placement) or the
             cache simulation (cache mode) use it.
         slots_per_gpu / redundant: slot budget per layer: every GPU gets
@@ -476,7 +478,10 @@ def make_plan(
         topology: order GPUs by co-activation when a trace and several domains exist.
         host_fraction: share of host DRAM the cache's host tier may use.
         pcie_efficiency: achieved / nominal host-link bandwidth for the ceilings.
-        planner_options: passed to ``placement.plan_placement`` (``drift``, ...).
+        planner_options: passed to ``placement.plan_placement`` (``drift``, ...), and
+            ``step_tokens`` (tokens of one forward step over all GPUs, default 512
+            per GPU): with a planning trace the placement is polished for the load
+            swings of such steps (``planner.robust_options``).
 
     Raises:
         UsageError: bad loads or traces, a slot budget that does not fit in memory,

@@ -20,9 +20,9 @@ from .plan import (
     PlacementReport,
     placement_slot_limit,
 )
-from .topology import order_bins, traffic
+from .topology import load_factors, order_bins, traffic
 
-__all__ = ["build_plan", "slot_budget"]
+__all__ = ["build_plan", "slot_budget", "robust_options"]
 
 
 def slot_budget(
@@ -88,8 +88,32 @@ def build_plan(
     return _cache_plan(geometry, devices, loads, heldout_trace, format_id, host_fraction, pcie_efficiency)
 
 
+FACTOR_BLOCK_TOKENS = 32
+STEP_TOKENS_PER_GPU = 512
+
+
+def robust_options(loads, trace, top_k: int, num_gpus: int, step_tokens: int | None = None) -> dict:
+    """``plan_placement`` options for the robust polish from a planning trace: the
+    trace's shared load factors scaled to a step of ``step_tokens`` (default 512 per
+    GPU) and that step's share of the planning window; {} without a usable trace."""
+    step = STEP_TOKENS_PER_GPU * num_gpus if step_tokens is None else int(step_tokens)
+    if step < 1:
+        raise UsageError(f"step_tokens must be a positive integer, found {step_tokens!r}")
+    if trace is None or trace.shape[0] < 2 * FACTOR_BLOCK_TOKENS:
+        return {}
+    plan_tokens = float(np.asarray(loads).sum(axis=1).mean()) / top_k
+    return {
+        "factors": load_factors(trace, loads, step, block_tokens=FACTOR_BLOCK_TOKENS),
+        "step_share": step / plan_tokens if plan_tokens > 0 else 0.0,
+    }
+
+
 def _placement_plan(geometry, devices, loads, trace, heldout, slots_per_gpu, redundant, topology, format_id, opts):
     spg = slot_budget(geometry, devices, slots_per_gpu, redundant)
+    opts = dict(opts)
+    step_tokens = opts.pop("step_tokens", None)
+    if "factors" not in opts:
+        opts.update(robust_options(loads, trace, geometry.top_k, devices.num_gpus, step_tokens))
     pl = plan_placement(loads, spg, **opts)
     domain = devices.gpu_domain()
     ordered = False

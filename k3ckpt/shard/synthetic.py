@@ -262,7 +262,8 @@ def _persist(fresh: np.ndarray, doc_start: np.ndarray, rho: float, rng) -> np.nd
     for t in bad:  # rare collisions: later positions take unused fresh picks
         row = out[t]
         seen: set[int] = set()
-        spare = [int(e) for e in fresh[t] if e not in set(row.tolist())]
+        taken = set(row.tolist())
+        spare = [int(e) for e in fresh[t] if int(e) not in taken]
         for j in range(k):
             if int(row[j]) in seen:
                 row[j] = spare.pop(0)

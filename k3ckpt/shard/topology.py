@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UsageError
 from .placement import Placement
 
-__all__ = ["Traffic", "traffic", "order_bins", "domain_fractions"]
+__all__ = ["Traffic", "traffic", "order_bins", "domain_fractions", "load_factors"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,50 @@ class Traffic:
     a2a_bytes_per_token: float
     remote_domain_bytes_per_token: float
     source: str  # "trace" or "independent"
+
+
+def load_factors(
+    trace: np.ndarray, loads: np.ndarray, step_tokens: int, *, block_tokens: int = 64, rank: int = 8
+) -> np.ndarray:
+    """``[layers, experts, rank]`` shared load factors of a planning trace, in the
+    units of ``loads``.
+
+    The trace is cut into blocks of ``block_tokens``; per layer the top ``rank``
+    principal components of the block-by-expert counts are the directions in which
+    expert loads move together (topics: experts that fire for the same kind of
+    text).  Each column is scaled to the standard deviation of that component over
+    a step of ``step_tokens`` (blocks taken as independent), then to planning units
+    (``loads`` sum to tokens x top-k per layer).  ``plan_placement(factors=...)``
+    spreads such co-moving experts over GPUs.
+    """
+    trace = np.asarray(trace)
+    loads = np.asarray(loads, dtype=np.float64)
+    T, L, k = trace.shape
+    E = loads.shape[1]
+    nb = T // block_tokens
+    if nb < 2 or rank < 1 or step_tokens < 1:
+        raise UsageError(
+            f"load factors need >= 2 blocks of {block_tokens} tokens (the trace has {T}), rank >= 1 and "
+            f"step_tokens >= 1, found {rank} and {step_tokens}"
+        )
+    R = min(rank, nb - 1)
+    blk = np.repeat(np.arange(nb), block_tokens)[:, None]
+    X = np.empty((L, nb, E))
+    for l in range(L):
+        flat = (blk * E + trace[: nb * block_tokens, l, :]).ravel()
+        X[l] = np.bincount(flat, minlength=nb * E).reshape(nb, E)
+    X -= X.mean(axis=1, keepdims=True)
+    # top components from the small [nb, nb] Gram matrix of every layer
+    lam, U = np.linalg.eigh(X @ X.transpose(0, 2, 1))
+    lam, U = lam[:, ::-1][:, :R], U[:, :, ::-1][:, :, :R]
+    lam = np.maximum(lam, 0.0)
+    V = X.transpose(0, 2, 1) @ U / np.sqrt(np.maximum(lam, 1e-300))[:, None, :]  # [L, E, R] unit columns
+    sd_block = np.sqrt(lam / (nb - 1))
+    plan_tokens = loads.sum(axis=1) / k  # [L]
+    scale = sd_block * (plan_tokens[:, None] / np.sqrt(step_tokens * block_tokens))
+    out = np.zeros((L, E, rank))
+    out[:, :, :R] = V * scale[:, None, :]
+    return out
 
 
 def domain_fractions(placement: Placement, gpu_domain: np.ndarray) -> np.ndarray:

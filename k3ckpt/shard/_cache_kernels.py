@@ -216,6 +216,27 @@ def _lru_drop(nxt, prv, k):
 
 
 @njit
+def _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base):
+    """Load ``initial`` (oldest first) into an empty recency list; returns the resident count."""
+    size = 0
+    for j in range(initial.shape[0]):
+        k = initial[j]
+        if inside[k]:
+            _lru_touch(nxt, prv, head, k, True)
+        else:
+            if size == capacity:
+                v = prv[tail]
+                _lru_drop(nxt, prv, v)
+                inside[v] = False
+                size -= 1
+            inside[k] = True
+            size += 1
+            _lru_touch(nxt, prv, head, k, False)
+        last[k] = base + j
+    return size
+
+
+@njit
 def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
     # evict the coldest (lowest ``heat``) resident not used in the last ``window``
     # accesses; if every resident is that recent, the least recently used leaves.
@@ -237,22 +258,8 @@ def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
     prv[tail] = head
     heap = np.empty(m + n + 1, dtype=np.int64)  # heat * nkeys + key, min first
     hsize = 0
-    size = 0
     base = -(window + m + 2)
-    for j in range(m):
-        k = initial[j]
-        if inside[k]:
-            _lru_touch(nxt, prv, head, k, True)
-        else:
-            if size == capacity:
-                v = prv[tail]
-                _lru_drop(nxt, prv, v)
-                inside[v] = False
-                size -= 1
-            inside[k] = True
-            size += 1
-            _lru_touch(nxt, prv, head, k, False)
-        last[k] = base + j
+    size = _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base)
     for t in range(n):
         # age out: residents last used before t - window leave the list for the heap
         while prv[tail] != head and last[prv[tail]] < t - window:
@@ -317,26 +324,12 @@ def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkey
     prv[tail] = head
     heap = np.empty(m + 2 * n + 1, dtype=np.int64)
     hsize = 0
-    size = 0
     ev_t = np.empty(n, dtype=np.int64)  # run starts, oldest first
     ev_k = np.empty(n, dtype=np.int64)
     ev_head = 0
     ev_tail = 0
     base = -(window + m + 2)
-    for j in range(m):
-        k = initial[j]
-        if inside[k]:
-            _lru_touch(nxt, prv, head, k, True)
-        else:
-            if size == capacity:
-                v = prv[tail]
-                _lru_drop(nxt, prv, v)
-                inside[v] = False
-                size -= 1
-            inside[k] = True
-            size += 1
-            _lru_touch(nxt, prv, head, k, False)
-        last[k] = base + j
+    size = _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base)
     for t in range(n):
         # runs older than the horizon stop counting
         while ev_head < ev_tail and ev_t[ev_head] < t - horizon:

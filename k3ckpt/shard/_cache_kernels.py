@@ -237,6 +237,34 @@ def _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base):
 
 
 @njit
+def _admit(k, t, size, capacity, heap, hsize, score, inside, in_heap, last, nxt, prv, head, tail, nkeys):
+    """Insert missed key ``k`` at time ``t``; when full, evict the lowest current
+    (score, key) among aged-out residents in the heap (entries whose score has
+    changed since they were pushed are stale and skipped), else the least
+    recently used.  Returns (size, hsize)."""
+    if size == capacity:
+        v = -1
+        while hsize > 0:
+            top, hsize = _pop(heap, hsize)
+            u = top % nkeys
+            if inside[u] and in_heap[u] and top // nkeys == score[u]:
+                v = u
+                break
+        if v >= 0:
+            in_heap[v] = False
+        else:
+            v = prv[tail]
+            _lru_drop(nxt, prv, v)
+        inside[v] = False
+        size -= 1
+    inside[k] = True
+    size += 1
+    _lru_touch(nxt, prv, head, k, False)
+    last[k] = t
+    return size, hsize
+
+
+@njit
 def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
     # evict the coldest (lowest ``heat``) resident not used in the last ``window``
     # accesses; if every resident is that recent, the least recently used leaves.
@@ -277,25 +305,8 @@ def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
                 _lru_touch(nxt, prv, head, k, True)
             last[k] = t
             continue
-        if size == capacity:
-            v = -1
-            while hsize > 0:
-                top, hsize = _pop(heap, hsize)
-                u = top % nkeys
-                if inside[u] and in_heap[u]:
-                    v = u
-                    break
-            if v >= 0:
-                in_heap[v] = False
-            else:
-                v = prv[tail]
-                _lru_drop(nxt, prv, v)
-            inside[v] = False
-            size -= 1
-        inside[k] = True
-        size += 1
-        _lru_touch(nxt, prv, head, k, False)
-        last[k] = t
+        size, hsize = _admit(k, t, size, capacity, heap, hsize, heat, inside, in_heap, last, nxt, prv, head, tail,
+                             nkeys)
     return hits
 
 
@@ -358,23 +369,6 @@ def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkey
                 _lru_touch(nxt, prv, head, k, True)
             last[k] = t
             continue
-        if size == capacity:
-            v = -1
-            while hsize > 0:
-                top, hsize = _pop(heap, hsize)
-                u = top % nkeys
-                if inside[u] and in_heap[u] and top // nkeys == score[u]:
-                    v = u
-                    break
-            if v >= 0:
-                in_heap[v] = False
-            else:
-                v = prv[tail]
-                _lru_drop(nxt, prv, v)
-            inside[v] = False
-            size -= 1
-        inside[k] = True
-        size += 1
-        _lru_touch(nxt, prv, head, k, False)
-        last[k] = t
+        size, hsize = _admit(k, t, size, capacity, heap, hsize, score, inside, in_heap, last, nxt, prv, head, tail,
+                             nkeys)
     return hits

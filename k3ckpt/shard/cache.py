@@ -170,13 +170,7 @@ def hot_recent_hits_ref(
     hits = np.zeros(len(keys), dtype=bool)
     if capacity <= 0:
         return hits
-    m = len(initial)
-    base = -(window + m + 2)
-    last: dict[int, int] = {}
-    for j, k in enumerate(map(int, initial)):
-        if k not in last and len(last) == capacity:
-            del last[min(last, key=last.__getitem__)]
-        last[k] = base + j
+    last = _warm_recency(initial, capacity, window)
     for t, k in enumerate(map(int, keys)):
         if k in last:
             hits[t] = True
@@ -186,6 +180,17 @@ def hot_recent_hits_ref(
             del last[victim]
         last[k] = t
     return hits
+
+
+def _warm_recency(initial: np.ndarray, capacity: int, window: int) -> dict[int, int]:
+    """key -> last use of the warm content, as if read in order long before the trace (LRU on overflow)."""
+    base = -(window + len(initial) + 2)
+    last: dict[int, int] = {}
+    for j, k in enumerate(map(int, initial)):
+        if k not in last and len(last) == capacity:
+            del last[min(last, key=last.__getitem__)]
+        last[k] = base + j
+    return last
 
 
 def recent_freq_hits_ref(
@@ -206,13 +211,7 @@ def recent_freq_hits_ref(
     hits = np.zeros(len(keys), dtype=bool)
     if capacity <= 0:
         return hits
-    m = len(initial)
-    base = -(window + m + 2)
-    last: dict[int, int] = {}
-    for j, k in enumerate(map(int, initial)):
-        if k not in last and len(last) == capacity:
-            del last[min(last, key=last.__getitem__)]
-        last[k] = base + j
+    last = _warm_recency(initial, capacity, window)
     score = [int(x) for x in prior]
     starts: list[tuple[int, int]] = []
     first = 0

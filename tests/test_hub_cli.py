@@ -36,6 +36,20 @@ def test_inspect_hf_url_reports_like_local(hub, k3_tiny):
     assert text.returncode == 0 and "fetched" in text.stdout
 
 
+def test_hub_flag_takes_a_bare_repo_id(hub, k3_tiny):
+    hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
+    url = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny", "--json")
+    bare = run(hub, "inspect", "--hub", "moonshotai/Kimi-K3-tiny", "--json")
+    assert url.returncode == 0 and bare.returncode == 0, bare.stderr
+    a, b = json.loads(url.stdout), json.loads(bare.stdout)
+    a["extra"]["hub"].pop("bytes_fetched"), b["extra"]["hub"].pop("bytes_fetched")
+    assert a == b
+    bad = run(hub, "inspect", "--hub", "/abs/path")
+    assert bad.returncode == 2 and "ORG/NAME" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    local = run(hub, "inspect", k3_tiny, "--json")    # without --hub a path stays a path
+    assert local.returncode == 0 and json.loads(local.stdout)["source"] == str(k3_tiny)
+
+
 def test_inspect_hf_url_errors_are_one_line(hub, k3_tiny):
     hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
     bad = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny@nope")

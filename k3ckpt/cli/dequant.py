@@ -8,11 +8,13 @@ import click
 
 from .. import api
 from .render import echo_json, human_bytes
+from .source import hub_option, source_argument
 
 
 @click.command("dequant")
-@click.argument("src")
+@source_argument
 @click.argument("dst")
+@hub_option
 @click.option("--dtype", type=click.Choice(["bf16", "f16", "f32"]), default="bf16", show_default=True,
               help="Output dtype of decoded weights.")
 @click.option("--tensors", "pattern", metavar="REGEX", default=None,

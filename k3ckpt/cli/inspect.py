@@ -8,6 +8,7 @@ import click
 
 from .. import api
 from .render import echo_json, human_bytes, human_count, table
+from .source import hub_option, source_argument
 
 
 def _ranges(layers) -> str:
@@ -69,7 +70,8 @@ def render_report(r, *, tensors=None) -> str:
 
 
 @click.command("inspect")
-@click.argument("src")
+@source_argument
+@hub_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/inspect-json.md).")
 @click.option("--tensors", "list_tensors", is_flag=True, help="Also list every tensor with its role.")
 @click.option("--scan", is_flag=True, help="Read the data too: scale histograms, NaN/Inf, zero codes, amax.")

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from .render import human_bytes, table
+from .source import hub_option, source_argument
 
 
 def _gb(n) -> str:
@@ -156,7 +157,8 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
 
 
 @click.command("plan")
-@click.argument("src")
+@source_argument
+@hub_option
 @click.option("--devices", "devices", metavar="SPEC", help="Device set: COUNTxNAME (64xGB200, 2xRTX-5090) "
               "or NODESxGPUSxNAME (2x8xH100); docs/devices.md.")
 @click.option("--device-file", type=click.Path(dir_okay=False), help="Device-set file (.json / .toml).")

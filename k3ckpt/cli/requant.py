@@ -9,6 +9,7 @@ from collections import defaultdict
 import click
 
 from .render import echo_json, human_bytes, human_count, table
+from .source import hub_option, source_argument
 
 
 def hub_summary(run) -> str:
@@ -20,8 +21,9 @@ def hub_summary(run) -> str:
 
 
 @click.command("requant")
-@click.argument("src")
+@source_argument
 @click.argument("dst")
+@hub_option
 @click.option("--format", "fmt", default="moet-w2", show_default=True, metavar="FORMAT",
               help="moet-w2 (refit), moet-w2:keep-scales, k3ckpt-mx2, mxfp4, or another format from "
                    "`k3ckpt formats`.")

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .render import echo_json, human_bytes, table
+from .source import hub_option, source_argument
 
 
 def _ranks(text: str | None):
@@ -36,8 +37,9 @@ def load_plan(path: str):
 
 
 @click.command("shard")
-@click.argument("src")
+@source_argument
 @click.argument("dst")
+@hub_option
 @click.option("--plan", "plan_path", required=True, metavar="PLAN.json", help="A plan from `k3ckpt plan`.")
 @click.option("--layout", type=click.Choice(["k3ckpt", "moet"]), default="k3ckpt", show_default=True,
               help="Expert pack layout: k3ckpt (verbatim source records) or moet (vLLM-Moet 2.25-bpw pack).")

@@ -46,6 +46,45 @@ def test_kernel_and_reference_bytes_identical(name):
     assert np.array_equal(got, iq2xs.encode_reference(x))
 
 
+def test_super_blocks_are_independent_of_their_search_chunk():
+    # The kernel searches iq2xs.SB_CHUNK super-blocks at once as SIMD lanes; each block's bytes
+    # must not depend on its neighbours or on its position in a chunk (7 blocks: a partial
+    # chunk too), whatever the neighbours hold (zeros, tiny, huge, subnormal, plain).
+    x = small_inputs()
+    blocks = np.concatenate([x["gauss"][0, :256], x["zeros"][0], x["huge"][0], x["t5"][0, 256:],
+                             x["tiny"][0], x["subnormal"][0], x["mxfp4"][0, :256]]).reshape(1, 7 * 256)
+    got = iq2xs.encode(blocks).reshape(-1, 74)
+    alone = np.stack([iq2xs.encode(b[None, :])[0] for b in blocks.reshape(-1, 256)])
+    assert np.array_equal(got, alone)
+    assert np.array_equal(got[::-1], iq2xs.encode(blocks.reshape(-1, 256)[::-1].reshape(1, -1)).reshape(-1, 74))
+    assert np.array_equal(got.reshape(1, -1), iq2xs.encode_reference(blocks))
+
+
+def test_best_free_step_matches_a_dense_scan():
+    # Independent check of step 2: the error of a sub-block's two groups at its t* is the least
+    # over t (dense scan of the exact per-group minimum over the 22 norm classes, float64).
+    t = iq2xs.search_tables()
+    nh = 16 * iq2xs.SB_CHUNK
+    rng = np.random.default_rng(17)
+    norm = t.cls_norm
+    bmax = (np.sqrt(norm)[:, None] * rng.uniform(0.2, 1.0, (len(norm), 2 * nh))).astype(np.float32)
+    bmax[:, 3] = 0.0                                     # a group with all-zero inputs: B = 0
+    tstar = np.empty(nh)
+    iq2xs._best_steps(bmax, t.nn, t.inv_nn32, tstar, np.empty(nh, np.float32), np.empty(nh, np.int32))
+    b = bmax.astype(np.float64)
+
+    def err(m, tt):                                      # [len(tt)]: both groups' least error at tt
+        tt = np.asarray(tt, np.float64)[None, :]
+        e = lambda col: (tt * (tt * norm[:, None] - 2.0 * b[:, col][:, None])).min(axis=0)  # noqa: E731
+        return e(m) + e(nh + m)
+
+    for m in range(nh):
+        grid = np.linspace(0.0, 2.0 * max(tstar[m], 1e-3), 4001)
+        assert err(m, [tstar[m]])[0] <= err(m, grid).min() + 1e-9 * abs(err(m, grid).min()), m
+        gain = ((b[:, None, m] + b[None, :, nh + m]) ** 2 / t.nn).max()     # float64 over every pair
+        assert -err(m, [tstar[m]])[0] >= gain * (1 - 1e-6), m
+
+
 def test_zero_and_tiny_blocks_encode_as_zero_bytes():
     x = small_inputs()
     assert not iq2xs.encode(x["zeros"]).any()

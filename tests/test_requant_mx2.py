@@ -158,6 +158,19 @@ def test_search_totals_kernel_equals_direct_minimum(mods):
 
 
 
+def test_kernel_key_tables_equal_the_full_dot_product(mods):
+    # The search kernel drops h[0] (h[0] = 32 - the rest) and the trailing padding candidates;
+    # its keys must equal key0 + h . key_t exactly for every histogram of 32 magnitudes.
+    rng = np.random.default_rng(21)
+    hist = rng.multinomial(32, rng.dirichlet(np.ones(8), 200)).astype(np.float64)     # [200, 8]
+    for sets in (mods.enc.SHAPES, ((1.0, 4.0), (1.0, 3.0), (2.0, 6.0), (3.0, 4.0))):
+        t = mods.enc._tables(sets)
+        full = t.key0[None, :] + hist @ t.key_t
+        short = t.key0_h[None, :] + hist[:, 1:] @ t.key_h
+        assert np.array_equal(full[:, :t.n_used], short[:, :t.n_used])
+        assert not t.valid[t.n_used:].any() and t.valid[t.n_used - 1]
+
+
 def test_sort11_sorts_every_01_input_and_random_keys(mods):
     for bits in range(1 << 11):
         k = np.array([(bits >> i) & 1 for i in range(11)], np.int64)

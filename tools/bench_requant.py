@@ -13,7 +13,9 @@ the decoded MXFP4 values, with ``requant.metrics.error_stats``.
 
 Rows: ``keep-scales`` (the vLLM-Moet runtime map, scales unchanged), ``refit``
 (least-squares E8M0 exponent per block), ``mx2`` (k3ckpt MX2: four per-tensor
-level sets); bounds: Shannon D(R) at 2.25 bpw for an iid Gaussian (13.55 dB;
+level sets), and the best-quality format ``iq2xs`` (llama.cpp IQ2_XS, 2.3125
+bpw, when K is a multiple of 256; ``tools/bench_iq2xs.py`` adds llama.cpp's
+own quantizer beside it); bounds: Shannon D(R) at 2.25 bpw for an iid Gaussian (13.55 dB;
 not reachable by any scalar code) and refit's brute force over all 255
 exponents on a sample of blocks.  Speed: process CPU time on one thread, best
 of ``--repeat`` (CPU time, so a busy shared machine slows it less than wall
@@ -39,14 +41,19 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from k3ckpt.formats import gguf_mxfp4, mxfp4  # noqa: E402
+from k3ckpt.formats.iq2xs import QK as IQ2XS_QK  # noqa: E402
+from k3ckpt.formats.iq2xs import decode_iq2xs  # noqa: E402
 from k3ckpt.formats.moet_w2 import decode_w2  # noqa: E402
 from k3ckpt.formats.mx2 import decode_mx2  # noqa: E402
-from k3ckpt.requant import moet, mx2  # noqa: E402
+from k3ckpt.requant import iq2xs, moet, mx2  # noqa: E402
 from k3ckpt.requant.metrics import error_stats  # noqa: E402
 
 SHANNON_DB = 10 * math.log10(2 ** (2 * 2.25))      # D(R) = 2^-2R at R = 2.25: 13.55 dB
 REFERENCE_DB = {"keep-scales": (9.04, 7.62), "refit": (9.19, 8.09)}   # brief / REQUANT.md 1b (ggml proxy)
-SPEED_TARGET = {"keep-scales": 500e6, "refit": 150e6, "mx2": 100e6}
+SPEED_TARGET = {"keep-scales": 500e6, "refit": 150e6, "mx2": 100e6, "iq2xs": 5e6}
+BPW = {"keep-scales": 2.25, "refit": 2.25, "mx2": 2.25, "iq2xs": 2.3125}
+IQ2XS_GAUSS_DB = 10.5
+LLAMA_IQ2XS_DB = 10.47      # REQUANT.md: llama.cpp IQ2_XS, imatrix = ones, unit Gaussian
 BIAS_TARGET = 1e-3
 REFIT_BRUTE_DB = 0.02
 MX2_GAUSS_DB = 9.4
@@ -97,6 +104,15 @@ def encode_all(packed, scale) -> dict[str, np.ndarray]:
     }
 
 
+def iq2xs_from_mxfp4(packed, scale) -> np.ndarray:
+    """IQ2_XS bytes from MXFP4: decode (numba), then the IQ2_XS encoder; what ``requant`` runs."""
+    return iq2xs.encode(mxfp4.decode_pair(packed, scale))
+
+
+def iq2xs_from_mxfp4_reference(packed, scale) -> np.ndarray:
+    return iq2xs.encode_reference(mxfp4.decode_pair_ref(packed, scale))
+
+
 def keep_map_equal(packed, scale) -> bool:
     """keep-scales bytes against a plain re-derivation of the runtime map (moe_w2_planes.py L59-62)."""
     runtime = np.array([2, 2, 2, 2, 2, 3, 3, 3, 1, 1, 1, 1, 1, 0, 0, 0], np.uint8)
@@ -127,14 +143,17 @@ def refit_brute_force_gap(packed, scale, blocks: int, seed: int) -> float:
 
 def speeds(packed, scale, repeat: int, ref_rows: int) -> dict:
     w = packed.size * 2
-    pr, sr = packed[:ref_rows], scale[:ref_rows]
-    wr = pr.size * 2
     out = {}
-    for name, fast, ref in (
-        ("keep-scales", moet.encode_keep_scales, moet.encode_keep_scales_reference),
-        ("refit", moet.encode_refit, moet.encode_refit_reference),
-        ("mx2", mx2.encode, mx2.encode_reference),
-    ):
+    schemes = [
+        ("keep-scales", moet.encode_keep_scales, moet.encode_keep_scales_reference, ref_rows),
+        ("refit", moet.encode_refit, moet.encode_refit_reference, ref_rows),
+        ("mx2", mx2.encode, mx2.encode_reference, ref_rows),
+    ]
+    if (2 * packed.shape[1]) % IQ2XS_QK == 0:   # its numpy reference is slow: two rows
+        schemes.append(("iq2xs", iq2xs_from_mxfp4, iq2xs_from_mxfp4_reference, min(ref_rows, 2)))
+    for name, fast, ref, rows in schemes:
+        pr, sr = packed[:rows], scale[:rows]
+        wr = pr.size * 2
         t_fast = cpu_best(lambda: fast(packed, scale), repeat)
         t_ref = cpu_best(lambda: ref(pr, sr), 1)
         out[name] = {"mweights_per_s": w / t_fast / 1e6, "numpy_ref_mweights_per_s": wr / t_ref / 1e6,
@@ -148,6 +167,8 @@ def run(n: int, k: int, repeat: int, seed: int, ref_rows: int, brute_blocks: int
         for rule, (packed, scale) in mxfp4_sources(x).items():
             src = mxfp4.decode_pair(packed, scale)
             row = {m: error_stats(src, y).to_dict() for m, y in encode_all(packed, scale).items()}
+            if k % IQ2XS_QK == 0:
+                row["iq2xs"] = error_stats(src, decode_iq2xs(iq2xs_from_mxfp4(packed, scale))).to_dict()
             row["mxfp4-vs-original"] = error_stats(x, src).to_dict()
             row["mx2-plan"] = mx2.plan(packed, scale).to_dict()
             res["quality"][f"{dname}/{rule}"] = row
@@ -178,14 +199,22 @@ def targets(res: dict) -> list[dict]:
             m2 >= keep + MX2_OVER_KEEP_DB)
         if dname == "gaussian":
             add(f"gaussian: mx2 >= {MX2_GAUSS_DB} dB", f">= {MX2_GAUSS_DB}", m2, m2 >= MX2_GAUSS_DB)
+            if "iq2xs" in q[f"{dname}/ocp"]:
+                iq = q[f"{dname}/ocp"]["iq2xs"]["snr_db"]
+                add(f"gaussian: iq2xs >= {IQ2XS_GAUSS_DB} dB (llama.cpp {LLAMA_IQ2XS_DB})",
+                    f">= {IQ2XS_GAUSS_DB}", iq, iq >= IQ2XS_GAUSS_DB)
         # Bias targets apply to the OCP source: the ggml rule writes +0 for negatives
         # that round to zero, and every encoder keeps the zero's sign (shown, not judged).
-        for m in ("keep-scales", "refit", "mx2"):
+        for m in ("keep-scales", "refit", "mx2", "iq2xs"):
+            if m not in q[f"{dname}/ocp"]:
+                continue
             b = q[f"{dname}/ocp"][m]["bias_rel_rms"]
             add(f"{dname}/ocp: {m} |mean bias| / RMS", f"< {BIAS_TARGET}", b, abs(b) < BIAS_TARGET)
     add("keep-scales bytes = the runtime's _NIBBLE_TO_CODE map", "equal", float(res["checks"]["keep-map-equal"]),
         res["checks"]["keep-map-equal"])
     for m, want in SPEED_TARGET.items():
+        if m not in res["speed"]:
+            continue
         got = res["speed"][m]["mweights_per_s"] * 1e6
         add(f"speed {m} (one core, CPU time)", f">= {want / 1e6:.0f} Mw/s", got / 1e6, got >= want)
     return out
@@ -194,25 +223,31 @@ def targets(res: dict) -> list[dict]:
 def render(res: dict) -> str:
     n, k = res["shape"]
     lines = [f"2.25-bpw requantization of MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.1f} M weights", ""]
-    lines.append(f"{'source / scheme':<34} {'SNR dB':>8} {'rel MSE':>9} {'bias/RMS':>10} {'max abs':>8}  reference")
+    lines.append(f"{'source / scheme':<34} {'bpw':>6} {'SNR dB':>8} {'rel MSE':>9} {'bias/RMS':>10} {'max abs':>8}"
+                 "  reference")
     for key, row in res["quality"].items():
         dname = key.split("/")[0]
-        for m in ("keep-scales", "refit", "mx2"):
+        for m in ("keep-scales", "refit", "mx2", "iq2xs"):
+            if m not in row:
+                continue
             st = row[m]
             ref = REFERENCE_DB.get(m)
             ref_txt = f"{ref[0 if dname == 'gaussian' else 1]:.2f} (brief, ggml proxy)" if ref else ""
-            lines.append(f"{key + ' ' + m:<34} {st['snr_db']:>8.3f} {st['rel_mse']:>9.4f} "
+            if m == "iq2xs" and dname == "gaussian":
+                ref_txt = f"{LLAMA_IQ2XS_DB:.2f} (llama.cpp IQ2_XS, REQUANT.md)"
+            lines.append(f"{key + ' ' + m:<34} {BPW[m]:>6.4g} {st['snr_db']:>8.3f} {st['rel_mse']:>9.4f} "
                          f"{st['bias_rel_rms']:>10.2e} {st['max_abs']:>8.3g}  {ref_txt}")
         plan = row["mx2-plan"]
         lines.append(f"{'':<34} mx2 sets {plan['sets']}, exp_base {plan['exp_base']}")
-        lines.append(f"{key + ' MXFP4 vs original':<34} {row['mxfp4-vs-original']['snr_db']:>8.3f}")
-    lines.append(f"{'bound: Shannon D(R), 2.25 bpw':<34} {SHANNON_DB:>8.3f}  (iid Gaussian, vs the original)")
+        lines.append(f"{key + ' MXFP4 vs original':<34} {4.25:>6.4g} {row['mxfp4-vs-original']['snr_db']:>8.3f}")
+    lines.append(f"{'bound: Shannon D(R), 2.25 bpw':<34} {2.25:>6.4g} {SHANNON_DB:>8.3f}  "
+                 "(iid Gaussian, vs the original)")
     for key, gap in res["checks"].items():
         if key.endswith("-db"):
             lines.append(f"{key:<60} {gap:+.4f} dB")
     lines += ["", f"{'speed (one core)':<16} {'Mw/s':>9} {'numpy ref':>10} {'x numpy':>9}"]
     for m, sp in res["speed"].items():
-        lines.append(f"{m:<16} {sp['mweights_per_s']:>9.1f} {sp['numpy_ref_mweights_per_s']:>10.2f} "
+        lines.append(f"{m:<16} {sp['mweights_per_s']:>9.1f} {sp['numpy_ref_mweights_per_s']:>10.3f} "
                      f"{sp['ratio_over_numpy']:>9.1f}")
     lines += ["", f"{'target':<58} {'want':>14} {'measured':>12}  result"]
     for t in res["targets"]:

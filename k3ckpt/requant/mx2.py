@@ -131,10 +131,13 @@ class _Tables:
     its set's window (``fit_window`` order); shorter windows and unused lanes
     are padding that can never win.  ``key_t`` [8, n] is the error table
     transposed, times 16, in float64, and ``key0`` [n] is the slot (2^60 for
-    padding): the kernels compute ``key = key0 + sum_m h[m] * key_t[m]``,
-    i.e. 16 * error + slot, with vectorised dot products, and a minimum over
-    a lane's slots gives the set's least error and the first slot reaching it.
-    Every value is an integer below 2^53, so float64 holds it exactly.
+    padding): ``key = key0 + sum_m h[m] * key_t[m]`` is 16 * error + slot, and
+    a minimum over a lane's slots gives the set's least error and the first
+    slot reaching it.  The kernel uses h[0] = 32 - (h[1] + .. + h[7]) to drop
+    a term: ``key = key0_h + sum_{m>=1} h[m] * key_h[m-1]`` (``key0_h = key0 +
+    32 key_t[0]``, ``key_h = key_t[1:] - key_t[0]``), vectorised over the first
+    ``n_used`` candidates (those past the last real one are padding).  Every
+    value is an integer below 2^53, so float64 holds it exactly in any order.
     """
 
     def __init__(self, sets):
@@ -153,8 +156,11 @@ class _Tables:
                 self.valid[c] = True
                 self.d[c], self.err[c], self.lut[c], self.key0[c] = t.d[slot], t.err[slot], t.lut[slot], slot
         self.key_t = np.ascontiguousarray(16.0 * self.err.T)                   # [8, n]
+        self.key0_h = self.key0 + 32.0 * self.key_t[0]
+        self.key_h = np.ascontiguousarray(self.key_t[1:] - self.key_t[0])      # [7, n]
+        self.n_used = int(np.flatnonzero(self.valid).max()) + 1 if self.valid.any() else 0
         assert int(self.err.max()) * 32 * 16 < 2 ** 53
-        for t in (self.valid, self.d, self.err, self.lut, self.key0, self.key_t):
+        for t in (self.valid, self.d, self.err, self.lut, self.key0, self.key_t, self.key0_h, self.key_h):
             t.flags.writeable = False
 
 
@@ -232,7 +238,7 @@ def _sort11(k):
 
 
 @njit(fastmath=True)
-def _search_kernel(packed, scale, lo_e, hi_e, hist_lut, key0, cand_d, key_t,
+def _search_kernel(packed, scale, lo_e, hi_e, hist_lut, key0_h, cand_d, key_h, n_used,
                    order, slots, ranks, acc1, fmask, nblk, info):
     """Per nonzero block and per level set (lane): least error over the set's window.
 
@@ -254,8 +260,8 @@ def _search_kernel(packed, scale, lo_e, hi_e, hist_lut, key0, cand_d, key_t,
     nb = scale.shape[1]
     dmin = cand_d.min()
     dmax = cand_d.max()
-    k0, k1, k2, k3, k4, k5, k6, k7 = key_t[0], key_t[1], key_t[2], key_t[3], key_t[4], key_t[5], key_t[6], key_t[7]
-    key = np.empty(nc, np.float64)
+    k1, k2, k3, k4, k5, k6, k7 = key_h[0], key_h[1], key_h[2], key_h[3], key_h[4], key_h[5], key_h[6]
+    key = np.full(nc, _NO_CANDIDATE)            # candidates from n_used on stay padding
     keys = np.empty(_LANES, np.int64)
     sh = np.uint64(4)
     smin = 256
@@ -271,8 +277,7 @@ def _search_kernel(packed, scale, lo_e, hi_e, hist_lut, key0, cand_d, key_t,
             hp = np.uint64(0)
             for j in range(16):
                 hp += hist_lut[packed[r, blk * 16 + j]]
-            h0 = np.float64(hp & np.uint64(0xFF))
-            if h0 == 32.0:
+            if hp & np.uint64(0xFF) == 32:
                 nzero += 1
                 continue
             h1 = np.float64((hp >> np.uint64(8)) & np.uint64(0xFF))
@@ -284,9 +289,9 @@ def _search_kernel(packed, scale, lo_e, hi_e, hist_lut, key0, cand_d, key_t,
             h7 = np.float64(hp >> np.uint64(56))
             smin = min(smin, s)
             smax = max(smax, s)
-            for c in range(nc):
-                key[c] = key0[c] + (((h0 * k0[c] + h1 * k1[c]) + (h2 * k2[c] + h3 * k3[c]))
-                                   + ((h4 * k4[c] + h5 * k5[c]) + (h6 * k6[c] + h7 * k7[c])))
+            for c in range(n_used):
+                key[c] = key0_h[c] + (((h1 * k1[c] + h2 * k2[c]) + (h3 * k3[c] + h4 * k4[c]))
+                                     + ((h5 * k5[c] + h6 * k6[c]) + h7 * k7[c]))
             if s + dmin < lo_e or s + dmax > hi_e:
                 for c in range(nc):
                     e = s + cand_d[c]
@@ -412,7 +417,7 @@ def _search(p, s, lo_e, hi_e, t: _Tables, *, combos: bool, reference: bool):
     fmask = np.zeros((256, 1 << _LANES) if combos else (1, 1), np.int64)
     nblk = np.zeros(256, np.int64)
     info = np.zeros(4, np.int64)
-    _search_kernel(p, s, lo_e, hi_e, HIST_LUT, t.key0, t.d, t.key_t,
+    _search_kernel(p, s, lo_e, hi_e, HIST_LUT, t.key0_h, t.d, t.key_h, t.n_used,
                    order, slots, combos, acc1, fmask, nblk, info)
     return order, slots, (_combo_totals(acc1, fmask, nblk) if combos else {}), info
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .io import dtypes
+from .io.header import paused_gc
 from .io.reader import Checkpoint
 from .profiles import detect
 from .profiles.base import first_ids
@@ -190,7 +191,8 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
 
     for shard, header in ckpt.headers.items():
         shard_tensors[shard] = len(header.tensors)
-    groups, experts, unrecognised = _group_tensors(profile, ckpt.headers.values())
+    with paused_gc():   # half a million short-lived names: collector passes over the headers cost seconds
+        groups, experts, unrecognised = _group_tensors(profile, ckpt.headers.values())
 
     for (_, layer, dtype, shape), (count, example, each) in groups.items():
         tr = profile.classify(example, dtype)

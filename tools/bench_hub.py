@@ -20,8 +20,10 @@ Everything runs on 127.0.0.1; no other host is contacted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -137,6 +139,18 @@ def inspect(args, work: Path) -> None:
         print(f"virtual K3: {len(ck.shards)} shards, {repo_bytes:,} B; fetched {fetched:,} B "
               f"({fetched / repo_bytes:.4%}) in {ck.hub.stats.range_requests} range requests; "
               f"open {t_open:.1f} s, open + inspect {t_all:.1f} s; served incl. API {emu.bytes_served:,} B")
+        # The command itself, as a user runs it: a fresh process and an empty HF_HOME.
+        home = Path(tempfile.mkdtemp(prefix="bench-hub-cli-home-"))
+        env = {**os.environ, "HF_ENDPOINT": emu.endpoint, "HF_HOME": str(home), "PYTHONPATH": str(ROOT)}
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "k3ckpt", "inspect", "hf://moonshotai/Kimi-K3", "--json"],
+                             env=env, capture_output=True, text=True, check=True).stdout
+        t_cli = time.perf_counter() - t
+        shutil.rmtree(home, ignore_errors=True)
+        report = json.loads(out)
+        print(f"`k3ckpt inspect hf://moonshotai/Kimi-K3 --json` (fresh process, empty HF_HOME): {t_cli:.1f} s wall; "
+              f"fetched {report['extra']['hub']['bytes_fetched']:,} B; routed expert bytes "
+              f"{report['routed_expert_bytes']:,}")
 
 
 def main() -> None:

@@ -73,3 +73,14 @@ def test_dequant_cli(k3_tiny, tmp_path):
 def test_demo_runs_end_to_end(tmp_path):
     proc = run("demo", "--dir", tmp_path, check=True)
     assert "inspect" in proc.stdout and "zero codes" in proc.stdout and "decoded" in proc.stdout
+
+
+def test_fixture_by_profile_option(tmp_path):
+    out = run("fixture", "--profile", "kimi-k2-thinking-tiny", tmp_path / "k2t")
+    assert out.returncode == 0, out.stderr
+    by_name = run("fixture", "kimi-k2-thinking-tiny", tmp_path / "k2t-name")
+    assert by_name.returncode == 0, by_name.stderr
+    for p in sorted((tmp_path / "k2t").iterdir()):
+        assert p.read_bytes() == (tmp_path / "k2t-name" / p.name).read_bytes(), p.name
+    both = run("fixture", "--profile", "k3-tiny", "k3-tiny", tmp_path / "x")
+    assert both.returncode == 2 and "not both" in both.stderr

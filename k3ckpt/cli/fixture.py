@@ -20,15 +20,24 @@ def _names():
 @click.option("--layers", type=int, default=None, help="Decoder layers (fixture default if unset).")
 @click.option("--experts", type=int, default=None, help="Routed experts per MoE layer.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--profile", "profile", default=None, metavar="NAME",
+              help="The fixture by name, as an option: `k3ckpt fixture --profile NAME DST`.")
 @click.option("--list", "list_only", is_flag=True, help="List the fixtures and exit.")
-def command(name, dst, layers, experts, seed, list_only):
-    """Generate fixture NAME into the folder DST.
+def command(name, dst, layers, experts, seed, profile, list_only):
+    """Generate fixture NAME into the folder DST (or `--profile NAME DST`).
 
-    k3-tiny, k3 (real expert shapes), kimi-k2-tiny, gpt-oss-tiny, and
-    k3-virtual (the full-size K3 as headers over sparse files: no disk cost).
+    k3-tiny, k3 (real expert shapes), kimi-k2-tiny, gpt-oss-tiny, the other
+    sources (kimi-k2-thinking-tiny, deepseek-v3-tiny, nvfp4-tiny,
+    nvfp4-modelopt-tiny; see --list), and k3-virtual (the full-size K3 as
+    headers over sparse files: no disk cost).
     """
     from ..errors import UsageError
     from ..fixtures import FIXTURES
+
+    if profile is not None:   # then the one positional argument is DST
+        if dst is not None:
+            raise UsageError(f"give the fixture once: --profile {profile} or NAME, not both ({name!r})")
+        name, dst = profile, name
 
     if list_only or name is None:
         from ..fixtures.sources import SOURCE_FIXTURES

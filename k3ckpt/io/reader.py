@@ -244,24 +244,28 @@ def checkpoint_from_sources(
     *,
     root: Path | None = None,
     index_source: str = INDEX_NAME,
+    headers: dict[str, Header] | None = None,
 ) -> Checkpoint:
     """Build a ``Checkpoint`` from shard byte sources (local or remote).
 
     With ``index_json`` every tensor must be listed for the shard whose header
     holds it and vice versa; ``sources`` must cover every shard the index
     names.  Without it, ``sources`` are the shards (taken in natural name
-    order).  The sources are owned by the returned checkpoint (closed by it),
-    also when this function raises.
+    order).  ``headers``: shard headers the caller already read (with
+    ``read_header``) from these sources, e.g. while other downloads ran; the
+    rest are read here.  The sources are owned by the returned checkpoint
+    (closed by it), also when this function raises.
     """
     try:
-        return _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source)
+        return _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source,
+                                        parsed=headers or {})
     except BaseException:
         for s in sources.values():
             s.close()
         raise
 
 
-def _checkpoint_from_sources(index_json, sources, config, *, root, index_source) -> Checkpoint:
+def _checkpoint_from_sources(index_json, sources, config, *, root, index_source, parsed) -> Checkpoint:
     if index_json is not None:
         weight_map, index_meta = parse_index(index_json, source=index_source)
         shards = sorted(set(weight_map.values()), key=_natural_key)
@@ -277,7 +281,7 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source)
     headers: dict[str, Header] = {}
     with paused_gc():
         for s in shards:
-            headers[s] = read_header(sources[s], source=_label(root, s))
+            headers[s] = parsed[s] if s in parsed else read_header(sources[s], source=_label(root, s))
         # Whole-table checks at C speed (a K3 index names 497,220 tensors); the
         # per-name walk in _explain_mismatch runs only to name what is wrong.
         held = sum(len(h.tensors) for h in headers.values())

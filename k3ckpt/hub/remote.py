@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import posixpath
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,6 +303,10 @@ def open_hub_checkpoint(url: str | HubUrl, *, endpoint: str | None = None, token
     client = client or HubClient(endpoint, token)
     if constants.is_offline_mode():
         return _open_cached(ref, client)
+    # numba's first dispatch costs about a second of set-up; do it while the API calls
+    # and the index download wait on the network.
+    warm = threading.Thread(target=_warm_scanners, name="k3ckpt-warm-scanners", daemon=True)
+    warm.start()
     files, index_json, config = resolve_checkpoint(ref, client)
     prefix = files.folder + "/" if files.folder else ""
     labels = {n: files.label(prefix + n) for n in files.shards}
@@ -338,6 +343,21 @@ def open_hub_checkpoint(url: str | HubUrl, *, endpoint: str | None = None, token
     ckpt.hub = HubSource(requested=ref, commit=files.commit, endpoint=client.endpoint, files=files,
                          stats=client.stats)
     return ckpt
+
+
+def _warm_scanners() -> None:
+    """Load the header, index and name scanners (numba caches) ahead of use.  Only
+    a head start: any failure here shows again, properly reported, at first real use."""
+    try:
+        from ..io._header_scan import scan_header, scan_index
+        from ..profiles._templates import scan_templates
+
+        empty = np.frombuffer(b"{}", dtype=np.uint8)
+        scan_header(empty)
+        scan_index(empty)
+        scan_templates(np.frombuffer(b"a", dtype=np.uint8), 1)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _open_cached(ref: HubUrl, client: HubClient) -> Checkpoint:

@@ -31,12 +31,12 @@ every sum and reports how many there were in ``ErrorStats.nonfinite``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .._numba import njit
 from ..errors import NaNScaleError, ShapeError, UsageError
 
 NONFINITE_POLICIES = ("raise", "count")
@@ -75,9 +75,9 @@ class ErrorStats:
 _SXX, _SYY, _SEE, _SE, _SXY, _MAXABS, _N, _BAD = range(8)
 
 
-@njit
-def _accumulate(ref, approx):
-    """float64 sums over finite pairs, strictly in element order (see module doc)."""
+def _accumulate_loop(ref, approx):
+    """float64 sums over finite pairs, strictly in element order (see module doc);
+    compiled by ``_accumulate`` on first use."""
     sxx = 0.0
     syy = 0.0
     see = 0.0
@@ -112,6 +112,15 @@ def _accumulate(ref, approx):
     out[_N] = n
     out[_BAD] = bad
     return out
+
+
+@functools.cache
+def _accumulate():
+    """The numba kernel of ``_accumulate_loop``, compiled (or loaded from numba's cache)
+    on first use, so that reading a report (``k3ckpt report``) never imports numba."""
+    from .._numba import njit
+
+    return njit(_accumulate_loop)
 
 
 def _sequential_sum(v: np.ndarray) -> float:
@@ -222,7 +231,7 @@ def _finish(s: np.ndarray, nonfinite: str) -> ErrorStats:
 def error_stats(ref, approx, *, nonfinite: str = "raise") -> ErrorStats:
     """Error of ``approx`` against ``ref`` (same shape, any real dtype); numba kernel."""
     r, a = _prepare(ref, approx, nonfinite)
-    return _finish(_accumulate(r, a), nonfinite)
+    return _finish(_accumulate()(r, a), nonfinite)
 
 
 def error_stats_reference(ref, approx, *, nonfinite: str = "raise") -> ErrorStats:

@@ -130,3 +130,36 @@ def test_stats_is_frozen():
     assert isinstance(st, ErrorStats)
     with pytest.raises(AttributeError):
         st.snr_db = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 96), (1, 5), (33, 1), (0, 8), (4, 0)])
+def test_rows_pass_equals_metric_and_row_bias(dtype, shape):
+    """error_stats_rows is error_stats plus tensor_stats.max_row_bias, bit for bit, in one pass."""
+    from k3ckpt.requant.metrics import error_stats_rows
+    from k3ckpt.requant.tensor_stats import max_row_bias
+
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(dtype)
+    y = (x.astype(np.float64) + 0.01 * rng.standard_normal(shape) + 0.003).astype(dtype)
+    stats, top = error_stats_rows(x, y)
+    assert stats == error_stats(x, y)
+    plain = np.float32 if dtype is ml_dtypes.bfloat16 else dtype   # bfloat16 -> float32 is exact
+    assert top == max_row_bias(x.astype(plain), y.astype(plain))
+
+
+def test_rows_pass_with_nonfinite_counted():
+    from k3ckpt.requant.metrics import error_stats_rows
+    from k3ckpt.requant.tensor_stats import max_row_bias
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    y = x + np.float32(0.05)
+    x[2, 5] = np.nan
+    y[4, 1] = np.inf
+    stats, top = error_stats_rows(x, y, nonfinite="count")
+    assert stats == error_stats(x, y, nonfinite="count") and stats.nonfinite == 2
+    want = max_row_bias(x, y)
+    assert (math.isnan(top) and math.isnan(want)) or top == want
+    with pytest.raises(NaNScaleError):
+        error_stats_rows(x, y)

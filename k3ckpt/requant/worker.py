@@ -48,6 +48,14 @@ def _encode(fmt, method: str | None, packed, scale, name: str):
     return fmt.encode(src, name=name)
 
 
+def _error(ref: np.ndarray, out: np.ndarray):
+    """The shared metric and the largest row bias relative to the source's RMS, in one pass."""
+    from .metrics import error_stats_rows
+
+    stats, top = error_stats_rows(ref, out)
+    return stats, 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
+
+
 def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: str | None = None, *,
                    name: str, layer: int | None = None, expert: int | None = None,
                    projection: str | None = None) -> tuple[dict[str, np.ndarray], TensorResult]:
@@ -57,7 +65,6 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
     ``ShapeError`` for arrays that do not fit 32-element blocks."""
     from ..formats import get_format
     from . import tensor_stats
-    from .metrics import error_stats
     from .moet import check_mxfp4
 
     p, s = check_mxfp4(packed, scale, name=name)
@@ -69,9 +76,7 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
     parts = _encode(fmt, method, p, s, name)
     src = get_format("mxfp4-pack-quantized").decode({"packed": p, "scale": s}, name=name)
     out = fmt.decode(parts, name=name)
-    stats = error_stats(src, out)
-    top = tensor_stats.max_row_bias(src, out)
-    max_row_bias = 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
+    stats, max_row_bias = _error(src, out)
     zeros = tensor_stats.zero_codes(p)
     scale_changes = int(np.count_nonzero(parts["scale"] != s)) if (format == "moet-w2" and method == "refit") else None
     result = TensorResult(
@@ -92,8 +97,6 @@ def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, nam
     from ..errors import UsageError
     from ..formats import get_format
     from ..formats.mxfp4 import encode_pair
-    from . import tensor_stats
-    from .metrics import error_stats
 
     x = np.ascontiguousarray(x, np.float32)
     fmt = get_format(format)
@@ -107,9 +110,7 @@ def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, nam
     else:
         raise UsageError(f"format {format} cannot be written", tensor=name)
     out = fmt.decode(parts, name=name).reshape(x.shape)
-    stats = error_stats(x, out)
-    top = tensor_stats.max_row_bias(x, out)
-    max_row_bias = 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
+    stats, max_row_bias = _error(x, out)
     refit = format == "moet-w2" and method == "refit" and mx_scale is not None
     result = TensorResult(
         name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,

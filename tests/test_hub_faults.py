@@ -69,12 +69,13 @@ def test_persistent_500_gives_up_bounded(hub, toy):
         hub.fail(500, times=None, match="resolve")
         with pytest.raises(RemoteError, match="HTTP 500"):
             ck.read_bytes(_big(tensors))
-    assert len(hub.requests("resolve")) == FAST.max_retries + 1
+    assert len(hub.settled_requests("resolve", FAST.max_retries + 1)) == FAST.max_retries + 1
     hub.clear_faults()
     hub.fail(502, times=None, match="api-model")
     with pytest.raises(RemoteError, match="HTTP 502"):
         open_hub_checkpoint("hf://org/toy", client=_client(hub))
-    assert len([r for r in hub.requests("api-model") if r.status == 502]) == FAST.max_retries + 1
+    settled = hub.settled_requests("api-model", FAST.max_retries + 1)
+    assert len([r for r in settled if r.status == 502]) == FAST.max_retries + 1
 
 
 def test_dropped_connection_resumes_where_it_stopped(hub, toy):
@@ -102,7 +103,7 @@ def test_dropping_forever_gives_up_bounded(hub, toy):
         hub.drop_after(1000, times=None)
         with pytest.raises(RemoteError, match=r"failed after 4 tries"):
             ck.read_bytes(_big(tensors))
-    assert len(hub.requests("resolve")) == FAST.max_retries + 1
+    assert len(hub.settled_requests("resolve", FAST.max_retries + 1)) == FAST.max_retries + 1
 
 
 def test_server_ignoring_range_is_refused_not_downloaded(hub, toy):

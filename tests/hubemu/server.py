@@ -31,6 +31,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -168,6 +169,15 @@ class HubEmulator:
     def requests(self, kind: str | None = None) -> list[Req]:
         with self._lock:
             return [r for r in self.log if kind is None or r.kind == kind]
+
+    def settled_requests(self, kind: str, at_least: int, *, wait: float = 5.0) -> list[Req]:
+        """``requests(kind)`` once at least ``at_least`` are logged (or ``wait`` seconds
+        passed): a handler logs its request after the client may already have given up
+        on the connection, so a count read at once can miss the last one."""
+        deadline = time.monotonic() + wait
+        while len(got := self.requests(kind)) < at_least and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return got
 
     @property
     def bytes_served(self) -> int:

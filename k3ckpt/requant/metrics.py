@@ -76,58 +76,9 @@ _SXX, _SYY, _SEE, _SE, _SXY, _MAXABS, _N, _BAD = range(8)
 
 
 def _accumulate_loop(ref, approx):
-    """float64 sums over finite pairs, strictly in element order (see module doc);
-    compiled by ``_accumulate`` on first use."""
-    sxx = 0.0
-    syy = 0.0
-    see = 0.0
-    se = 0.0
-    sxy = 0.0
-    maxabs = 0.0
-    n = 0
-    bad = 0
-    for i in range(ref.size):
-        x = np.float64(ref[i])
-        y = np.float64(approx[i])
-        if not (math.isfinite(x) and math.isfinite(y)):
-            bad += 1
-            continue
-        e = y - x
-        sxx += x * x
-        syy += y * y
-        see += e * e
-        se += e
-        sxy += x * y
-        a = abs(e)
-        if a > maxabs:
-            maxabs = a
-        n += 1
-    out = np.empty(8, np.float64)
-    out[_SXX] = sxx
-    out[_SYY] = syy
-    out[_SEE] = see
-    out[_SE] = se
-    out[_SXY] = sxy
-    out[_MAXABS] = maxabs
-    out[_N] = n
-    out[_BAD] = bad
-    return out
-
-
-@functools.cache
-def _accumulate():
-    """The numba kernel of ``_accumulate_loop``, compiled (or loaded from numba's cache)
-    on first use, so that reading a report (``k3ckpt report``) never imports numba."""
-    from .._numba import njit
-
-    return njit(_accumulate_loop)
-
-
-def _accumulate_rows_loop(ref, approx):
-    """``_accumulate_loop`` over a [rows, K] pair, row after row (the same element
-    order), and in the same pass the largest |mean(approx - ref)| of a row, summed
-    left to right in float64 as ``tensor_stats.max_row_bias`` does: one read of
-    both arrays instead of two."""
+    """float64 sums over finite pairs of a [rows, K] pair, strictly in element order
+    (see module doc), and in the same pass the largest |mean(approx - ref)| of a row,
+    summed left to right in float64 as ``tensor_stats.max_row_bias`` does."""
     sxx = 0.0
     syy = 0.0
     see = 0.0
@@ -157,9 +108,10 @@ def _accumulate_rows_loop(ref, approx):
             if a > maxabs:
                 maxabs = a
             n += 1
-        m = abs(row / k)
-        if m > top:
-            top = m
+        if k:
+            m = abs(row / k)
+            if m > top:
+                top = m
     out = np.empty(8, np.float64)
     out[_SXX] = sxx
     out[_SYY] = syy
@@ -173,10 +125,19 @@ def _accumulate_rows_loop(ref, approx):
 
 
 @functools.cache
-def _accumulate_rows():
+def _accumulate():
+    """The numba kernel of ``_accumulate_loop``, compiled (or loaded from numba's cache)
+    on first use, so that reading a report (``k3ckpt report``) never imports numba."""
     from .._numba import njit
 
-    return njit(_accumulate_rows_loop)
+    return njit(_accumulate_loop)
+
+
+def _sums(r: np.ndarray, a: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """(sums vector, max row bias) of flat ``r`` and ``a`` read as rows of ``k``."""
+    if k and r.size:
+        return _accumulate()(r.reshape(-1, k), a.reshape(-1, k))
+    return _accumulate()(r.reshape(1, -1), a.reshape(1, -1))
 
 
 def _sequential_sum(v: np.ndarray) -> float:
@@ -287,17 +248,14 @@ def _finish(s: np.ndarray, nonfinite: str) -> ErrorStats:
 def error_stats(ref, approx, *, nonfinite: str = "raise") -> ErrorStats:
     """Error of ``approx`` against ``ref`` (same shape, any real dtype); numba kernel."""
     r, a = _prepare(ref, approx, nonfinite)
-    return _finish(_accumulate()(r, a), nonfinite)
+    return _finish(_sums(r, a, r.size)[0], nonfinite)
 
 
 def error_stats_rows(ref, approx, *, nonfinite: str = "raise") -> tuple[ErrorStats, float]:
     """``error_stats(ref, approx)`` and ``tensor_stats.max_row_bias(ref, approx)`` of
     arrays whose last axis is the row, in one pass; the same bits as calling the two."""
     r, a = _prepare(ref, approx, nonfinite)
-    k = np.shape(ref)[-1] if np.ndim(ref) else 1
-    if r.size == 0 or k == 0:
-        return _finish(_accumulate()(r, a), nonfinite), 0.0
-    sums, top = _accumulate_rows()(r.reshape(-1, k), a.reshape(-1, k))
+    sums, top = _sums(r, a, np.shape(ref)[-1] if np.ndim(ref) else 1)
     return _finish(sums, nonfinite), float(top)
 
 

@@ -123,33 +123,40 @@ def _metadata(buf, i):
 
 
 @njit
+def _expect(buf, i, c):
+    """Index after byte ``c`` at ``i`` (whitespace before it skipped), or -1; -1 stays -1."""
+    if i < 0:
+        return -1
+    i = _ws(buf, i)
+    if i >= buf.shape[0] or buf[i] != c:
+        return -1
+    return i + 1
+
+
+@njit
+def _member(buf, i, key):
+    """Index of the value after ``key :`` at ``i`` (whitespace skipped), or -1; -1 stays -1."""
+    if i < 0:
+        return -1
+    i = _lit(buf, _ws(buf, i), key)
+    return -1 if i < 0 else _colon(buf, i)
+
+
+@njit
 def _entry(buf, i, row):
     """Parse ``{"dtype":..,"shape":[..],"data_offsets":[b,e]}`` at ``i`` into ``row``; index after or -1."""
     n = buf.shape[0]
-    if i >= n or buf[i] != 123:
-        return -1
-    i = _lit(buf, _ws(buf, i + 1), _DTYPE_KEY)
-    if i < 0:
-        return -1
-    i = _colon(buf, i)
-    if i < 0:
-        return -1
-    e = _string_end(buf, i)
+    i = _member(buf, _expect(buf, i, 123), _DTYPE_KEY)
+    e = _string_end(buf, i) if i >= 0 else -1
     if e < 0:
         return -1
     row[2] = i + 1
     row[3] = e
-    i = _ws(buf, e + 1)
-    if i >= n or buf[i] != 44:
-        return -1
-    i = _lit(buf, _ws(buf, i + 1), _SHAPE_KEY)
+    i = _expect(buf, _member(buf, _expect(buf, e + 1, 44), _SHAPE_KEY), 91)
     if i < 0:
         return -1
-    i = _colon(buf, i)
-    if i < 0 or i >= n or buf[i] != 91:
-        return -1
-    row[4] = i + 1
-    i = _ws(buf, i + 1)
+    row[4] = i
+    i = _ws(buf, i)
     if i < n and buf[i] != 93:
         while True:
             _, i = _number(buf, i)
@@ -166,33 +173,20 @@ def _entry(buf, i, row):
     if i >= n:
         return -1
     row[5] = i
-    i = _ws(buf, i + 1)
-    if i >= n or buf[i] != 44:
-        return -1
-    i = _lit(buf, _ws(buf, i + 1), _OFFSETS_KEY)
+    i = _expect(buf, _member(buf, _expect(buf, i + 1, 44), _OFFSETS_KEY), 91)
     if i < 0:
         return -1
-    i = _colon(buf, i)
-    if i < 0 or i >= n or buf[i] != 91:
-        return -1
-    b, i = _number(buf, _ws(buf, i + 1))
+    b, i = _number(buf, _ws(buf, i))
+    i = _expect(buf, i, 44)
     if i < 0:
         return -1
-    i = _ws(buf, i)
-    if i >= n or buf[i] != 44:
-        return -1
-    e2, i = _number(buf, _ws(buf, i + 1))
+    e2, i = _number(buf, _ws(buf, i))
+    i = _expect(buf, _expect(buf, i, 93), 125)
     if i < 0:
-        return -1
-    i = _ws(buf, i)
-    if i >= n or buf[i] != 93:
         return -1
     row[6] = b
     row[7] = e2
-    i = _ws(buf, i + 1)
-    if i >= n or buf[i] != 125:
-        return -1
-    return i + 1
+    return i
 
 
 @njit

@@ -237,6 +237,44 @@ def _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base):
 
 
 @njit
+def _recency_state(nkeys):
+    """Empty residency flags, last-use times and a recency list with sentinels
+    ``head = nkeys`` and ``tail = nkeys + 1``: (inside, in_heap, last, nxt, prv)."""
+    inside = np.zeros(nkeys, dtype=np.bool_)
+    in_heap = np.zeros(nkeys, dtype=np.bool_)
+    last = np.zeros(nkeys, dtype=np.int64)
+    nxt = np.full(nkeys + 2, -1, dtype=np.int64)
+    prv = np.full(nkeys + 2, -1, dtype=np.int64)
+    nxt[nkeys] = nkeys + 1
+    prv[nkeys + 1] = nkeys
+    return inside, in_heap, last, nxt, prv
+
+
+@njit
+def _age_out(before, heap, hsize, score, in_heap, last, nxt, prv, head, tail, nkeys):
+    """Residents last used before ``before`` leave the recency list for the heap
+    (entries ``score * nkeys + key``); returns the heap size."""
+    while prv[tail] != head and last[prv[tail]] < before:
+        u = prv[tail]
+        _lru_drop(nxt, prv, u)
+        in_heap[u] = True
+        hsize = _push(heap, hsize, score[u] * nkeys + u)
+    return hsize
+
+
+@njit
+def _reuse(k, t, in_heap, last, nxt, prv, head):
+    """A hit on resident ``k`` at time ``t``: back to the front of the recency list
+    (a heap entry it had goes stale)."""
+    if in_heap[k]:
+        in_heap[k] = False
+        _lru_touch(nxt, prv, head, k, False)
+    else:
+        _lru_touch(nxt, prv, head, k, True)
+    last[k] = t
+
+
+@njit
 def _admit(k, t, size, capacity, heap, hsize, score, inside, in_heap, last, nxt, prv, head, tail, nkeys):
     """Insert missed key ``k`` at time ``t``; when full, evict the lowest current
     (score, key) among aged-out residents in the heap (entries whose score has
@@ -275,35 +313,20 @@ def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
     hits = np.zeros(n, dtype=np.bool_)
     if capacity <= 0:
         return hits
-    inside = np.zeros(nkeys, dtype=np.bool_)
-    in_heap = np.zeros(nkeys, dtype=np.bool_)
-    last = np.zeros(nkeys, dtype=np.int64)
+    inside, in_heap, last, nxt, prv = _recency_state(nkeys)
     head = nkeys
     tail = nkeys + 1
-    nxt = np.full(nkeys + 2, -1, dtype=np.int64)
-    prv = np.full(nkeys + 2, -1, dtype=np.int64)
-    nxt[head] = tail
-    prv[tail] = head
     heap = np.empty(m + n + 1, dtype=np.int64)  # heat * nkeys + key, min first
     hsize = 0
     base = -(window + m + 2)
     size = _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base)
     for t in range(n):
         # age out: residents last used before t - window leave the list for the heap
-        while prv[tail] != head and last[prv[tail]] < t - window:
-            u = prv[tail]
-            _lru_drop(nxt, prv, u)
-            in_heap[u] = True
-            hsize = _push(heap, hsize, heat[u] * nkeys + u)
+        hsize = _age_out(t - window, heap, hsize, heat, in_heap, last, nxt, prv, head, tail, nkeys)
         k = keys[t]
         if inside[k]:
             hits[t] = True
-            if in_heap[k]:
-                in_heap[k] = False  # its heap entry goes stale
-                _lru_touch(nxt, prv, head, k, False)
-            else:
-                _lru_touch(nxt, prv, head, k, True)
-            last[k] = t
+            _reuse(k, t, in_heap, last, nxt, prv, head)
             continue
         size, hsize = _admit(k, t, size, capacity, heap, hsize, heat, inside, in_heap, last, nxt, prv, head, tail,
                              nkeys)
@@ -323,16 +346,10 @@ def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkey
     hits = np.zeros(n, dtype=np.bool_)
     if capacity <= 0:
         return hits
-    inside = np.zeros(nkeys, dtype=np.bool_)
-    in_heap = np.zeros(nkeys, dtype=np.bool_)
-    last = np.zeros(nkeys, dtype=np.int64)
+    inside, in_heap, last, nxt, prv = _recency_state(nkeys)
     score = prior.copy()
     head = nkeys
     tail = nkeys + 1
-    nxt = np.full(nkeys + 2, -1, dtype=np.int64)
-    prv = np.full(nkeys + 2, -1, dtype=np.int64)
-    nxt[head] = tail
-    prv[tail] = head
     heap = np.empty(m + 2 * n + 1, dtype=np.int64)
     hsize = 0
     ev_t = np.empty(n, dtype=np.int64)  # run starts, oldest first
@@ -349,11 +366,7 @@ def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkey
             score[u] -= unit
             if in_heap[u]:
                 hsize = _push(heap, hsize, score[u] * nkeys + u)
-        while prv[tail] != head and last[prv[tail]] < t - window:
-            u = prv[tail]
-            _lru_drop(nxt, prv, u)
-            in_heap[u] = True
-            hsize = _push(heap, hsize, score[u] * nkeys + u)
+        hsize = _age_out(t - window, heap, hsize, score, in_heap, last, nxt, prv, head, tail, nkeys)
         k = keys[t]
         if not (inside[k] and not in_heap[k]):
             score[k] += unit
@@ -362,12 +375,7 @@ def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkey
             ev_tail += 1
         if inside[k]:
             hits[t] = True
-            if in_heap[k]:
-                in_heap[k] = False
-                _lru_touch(nxt, prv, head, k, False)
-            else:
-                _lru_touch(nxt, prv, head, k, True)
-            last[k] = t
+            _reuse(k, t, in_heap, last, nxt, prv, head)
             continue
         size, hsize = _admit(k, t, size, capacity, heap, hsize, score, inside, in_heap, last, nxt, prv, head, tail,
                              nkeys)

@@ -288,8 +288,8 @@ class Format:
         storage = np.dtype(lookup_dtype(spec.dtype).storage)
         return rng.integers(0, 256, spec.nbytes, dtype=np.uint8).view(storage).reshape(spec.shape)
 
-    def logical_shape(self, parts: Mapping[str, np.ndarray], *, name: str | None = None) -> tuple[int, ...]:
-        """The logical ``[..., K]`` shape that ``parts`` encode; refuses inconsistent parts."""
+    def check_roles(self, parts: Mapping[str, np.ndarray], *, name: str | None = None) -> None:
+        """``parts`` is a dict holding exactly this format's part roles (UsageError otherwise)."""
         roles = list(self.info.roles)
         if not isinstance(parts, Mapping):
             raise UsageError(f"{self.id} parts must be a dict keyed by {roles}, got {type(parts).__name__}")
@@ -299,6 +299,10 @@ class Format:
             raise UsageError(
                 f"{self.id} stores parts {roles}; missing {missing}, unexpected {extra}", tensor=name
             )
+
+    def logical_shape(self, parts: Mapping[str, np.ndarray], *, name: str | None = None) -> tuple[int, ...]:
+        """The logical ``[..., K]`` shape that ``parts`` encode; refuses inconsistent parts."""
+        self.check_roles(parts, name=name)
         first = self.info.parts[0]
         shape = tuple(np.shape(parts[first.role]))
         ntrail = len(first.per_block)

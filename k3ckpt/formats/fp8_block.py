@@ -214,13 +214,7 @@ class BlockFP8(Format):
         }
 
     def logical_shape(self, parts: Mapping[str, np.ndarray], *, name: str | None = None) -> tuple[int, ...]:
-        roles = list(self.info.roles)
-        if not isinstance(parts, Mapping):
-            raise UsageError(f"{self.id} parts must be a dict keyed by {roles}, got {type(parts).__name__}")
-        missing = [r for r in roles if r not in parts]
-        extra = sorted(set(parts) - set(roles))
-        if missing or extra:
-            raise UsageError(f"{self.id} stores parts {roles}; missing {missing}, unexpected {extra}", tensor=name)
+        self.check_roles(parts, name=name)
         shape = self.check_logical_shape(np.shape(parts["weight"]), name=name)
         for role, spec in self.part_specs(shape, name=name).items():
             got = tuple(np.shape(parts[role]))

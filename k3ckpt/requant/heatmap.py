@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
 from ..errors import UsageError
+from .report_render import fmt_db
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Aggregate, RequantReport
@@ -53,14 +54,6 @@ def _pooled_snr(aggs: list[Aggregate]) -> float:
     if sxx == 0.0:
         return -math.inf
     return 10.0 * math.log10(sxx / see)
-
-
-def _fmt(v: float) -> str:
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.2f}"
 
 
 def _percentile(sorted_vals: list[float], q: float) -> float:
@@ -159,7 +152,7 @@ def _heatmap_svg(report: RequantReport, x0: int, y0: int, max_columns: int) -> t
         fill = _NAN_COLOUR if math.isnan(snr) else colour((snr - lo) / (hi - lo))
         who = f"expert {first}" if first == last else f"experts {first}-{last}"
         out.append(f'<rect class="cell" x="{x0 + c * cw}" y="{y0 + r * ch}" width="{cw}" height="{ch}" '
-                   f'fill="{fill}"><title>layer {layers[r]}, {who}: {_fmt(snr)} dB</title></rect>')
+                   f'fill="{fill}"><title>layer {layers[r]}, {who}: {fmt_db(snr)} dB</title></rect>')
     out.append("</g>")
     # Axes: layers down the left, expert index along the bottom.
     out.append(f'<g {_FONT} font-size="10" fill="#222">')
@@ -243,8 +236,8 @@ def _histogram_svg(report: RequantReport, x0: int, y0: int) -> tuple[list[str], 
             y = y0 + H - H * (base + k) / top
             fill = _PROJ_COLOURS.get(p, _OTHER_COLOUR)
             out.append(f'<rect class="bar" x="{x0 + i * bw:.2f}" y="{y:.2f}" width="{bw:.2f}" height="{h:.2f}" '
-                       f'fill="{fill}" stroke="#fff" stroke-width="0.3"><title>{_fmt(lo + i * width)} to '
-                       f'{_fmt(lo + (i + 1) * width)} dB, {escape(str(p or "other"))}: {k}</title></rect>')
+                       f'fill="{fill}" stroke="#fff" stroke-width="0.3"><title>{fmt_db(lo + i * width)} to '
+                       f'{fmt_db(lo + (i + 1) * width)} dB, {escape(str(p or "other"))}: {k}</title></rect>')
             base += k
     out.append("</g>")
     out.append(f'<g {_FONT} font-size="10" fill="#222">')
@@ -296,7 +289,7 @@ def _caption(report: RequantReport) -> str:
     o = report.overall
     fm = ", ".join(report.meta.formats) or "-"
     return (f"{report.meta.source} -> {fm}: {o.tensors:,} tensors, {o.bpw:.4f} bits/weight, "
-            f"pooled SNR {_fmt(o.snr_db)} dB")
+            f"pooled SNR {fmt_db(o.snr_db)} dB")
 
 
 __all__ = ["DEFAULT_COLUMNS", "colour", "heatmap_grid", "render_svg"]

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO))  # k3ckpt from this checkout, in this process and (cwd) in the children
 from bench_requant_e2e import _tree_rss  # noqa: E402
-from bench_rss import folder_bytes  # noqa: E402
+from bench_rss import flat_verdict, folder_bytes  # noqa: E402
 
 from k3ckpt.api import open_source  # noqa: E402
 from k3ckpt.fixtures import FixtureSpec, K2Dims, build_fixture  # noqa: E402
@@ -252,8 +252,8 @@ def main() -> None:
               f"of tensors)")
     for w, (small, large, *_) in peaks.items():
         ratio = large / small
-        verdict = "flat (within 10%)" if abs(ratio - 1) <= 0.10 else "NOT flat"
-        print(f"workers {w}: peak RSS (tree) large/small = {mib(large)}/{mib(small)} MiB = {ratio:.3f} -> {verdict}")
+        print(f"workers {w}: peak RSS (tree) large/small = {mib(large)}/{mib(small)} MiB = {ratio:.3f} -> "
+              f"{flat_verdict(ratio)}")
 
 
 if __name__ == "__main__":

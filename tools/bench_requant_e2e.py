@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rss import ensure_fixture, folder_bytes  # noqa: E402
+from bench_rss import ensure_fixture, flat_verdict, folder_bytes  # noqa: E402
 
 _BLOCK = 16 << 20
 
@@ -151,7 +151,7 @@ def main() -> None:
                   f"{src_bytes / wall / 1e6:.0f} MB/s of source; peak RSS tree {tree / 2**20:.0f} MiB, "
                   f"main process {own / 2**20:.0f} MiB", flush=True)
         ratio = peaks[1] / peaks[0]
-        print(f"peak RSS (tree) large/small = {ratio:.3f} -> {'flat (within 10%)' if abs(ratio - 1) <= 0.1 else 'NOT flat'}")
+        print(f"peak RSS (tree) large/small = {ratio:.3f} -> {flat_verdict(ratio)}")
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

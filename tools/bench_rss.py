@@ -82,6 +82,11 @@ def ensure_fixture(root: Path, experts: int) -> Path:
     return dst
 
 
+def flat_verdict(ratio: float) -> str:
+    """The issues' bar for peak RSS on two checkpoint sizes: within 10%."""
+    return "flat (within 10%)" if abs(ratio - 1) <= 0.10 else "NOT flat"
+
+
 def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
@@ -113,8 +118,7 @@ def main() -> None:
                 print(f"{job:15s} {fx.name:9s} {size / 1e9:6.2f} GB  {secs:7.1f} s  "
                       f"{size / secs / 1e6:7.1f} MB/s  peak RSS {rss / 2**20:7.1f} MiB", flush=True)
             ratio = peaks[1] / peaks[0]
-            verdict = "flat (within 10%)" if abs(ratio - 1) <= 0.10 else "NOT flat"
-            print(f"{job:15s} peak RSS large/small = {ratio:.3f}  -> {verdict}\n")
+            print(f"{job:15s} peak RSS large/small = {ratio:.3f}  -> {flat_verdict(ratio)}\n")
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -70,3 +70,23 @@ def count_nan_scales(scales: np.ndarray, *, name: str | None = None) -> int:
     if scales.dtype != np.uint8:
         raise ShapeError(f"E8M0 scales must be uint8, found {scales.dtype}", tensor=name)
     return int(np.count_nonzero(scales == E8M0_NAN))
+
+
+def block_rows(codes, scale, *, per_byte: int, what: str, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Validate packed codes U8 ``[..., K/per_byte]`` with their E8M0 scale bytes U8
+    ``[..., K/32]`` (K a multiple of 32) and return them as C-contiguous rows
+    ``[M, K/per_byte]``, ``[M, K/32]``; ShapeError naming ``what`` otherwise."""
+    codes = np.asarray(codes)
+    scale = np.asarray(scale)
+    if codes.dtype != np.uint8 or codes.ndim < 1:
+        raise ShapeError(f"{what} must be uint8 [..., K/{per_byte}], found {codes.dtype} {list(codes.shape)}",
+                         tensor=name)
+    k = per_byte * codes.shape[-1]
+    if k % BLOCK or scale.dtype != np.uint8 or scale.shape != codes.shape[:-1] + (k // BLOCK,):
+        raise ShapeError(
+            f"{what} [..., K/{per_byte}] need K a multiple of {BLOCK} and scales uint8 [..., K/32]; "
+            f"found codes {list(codes.shape)}, scale {scale.dtype} {list(scale.shape)}",
+            tensor=name,
+        )
+    m = int(np.prod(codes.shape[:-1], dtype=np.int64))
+    return np.ascontiguousarray(codes).reshape(m, k // per_byte), np.ascontiguousarray(scale).reshape(m, k // BLOCK)

@@ -20,14 +20,13 @@ Encoders from MXFP4 (keep-scales, refit) live in ``k3ckpt.requant.moet``;
 from __future__ import annotations
 
 import functools
-import math
 import types
 
 import numpy as np
 
-from ..errors import ShapeError, UsageError
+from ..errors import UsageError
 from .base import Format, FormatInfo, Part
-from .e2m1 import BLOCK, E8M0_F32
+from .e2m1 import BLOCK, E8M0_F32, block_rows
 
 __all__ = [
     "CODE_TO_NIBBLE",
@@ -80,21 +79,9 @@ def _kernels() -> types.SimpleNamespace:
 # ----------------------------------------------------------------- functions
 def check_w2(codes, scale, *, name: str | None = None) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """Validate 2-bit code arrays: C-contiguous ``[M, K/4]``, ``[M, K/32]`` rows and the logical shape."""
-    codes = np.asarray(codes)
-    scale = np.asarray(scale)
-    if codes.dtype != np.uint8 or codes.ndim < 1:
-        raise ShapeError(f"2-bit codes must be uint8 [..., K/4], found {codes.dtype} {list(codes.shape)}", tensor=name)
-    k = 4 * codes.shape[-1]
-    want = codes.shape[:-1] + (k // BLOCK,)
-    if k % BLOCK or scale.dtype != np.uint8 or scale.shape != want:
-        raise ShapeError(
-            f"2-bit codes [..., K/4] need K a multiple of {BLOCK} and scales uint8 [..., K/32]; "
-            f"found codes {list(codes.shape)}, scale {scale.dtype} {list(scale.shape)}",
-            tensor=name,
-        )
-    m = math.prod(codes.shape[:-1])
-    shape = codes.shape[:-1] + (k,)
-    return np.ascontiguousarray(codes).reshape(m, k // 4), np.ascontiguousarray(scale).reshape(m, k // BLOCK), shape
+    rows, scales = block_rows(codes, scale, per_byte=4, what="2-bit codes", name=name)
+    shape = np.shape(codes)
+    return rows, scales, shape[:-1] + (4 * shape[-1],)
 
 
 def unpack_codes(codes: np.ndarray) -> np.ndarray:

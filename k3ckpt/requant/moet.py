@@ -22,14 +22,12 @@ tests hold them bit-identical.
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np
 
 from .._numba import njit
-from ..errors import ShapeError
-from ..formats.e2m1 import BLOCK
+from ..formats.e2m1 import block_rows
 
 NIBBLE_TO_CODE = np.array([2, 2, 2, 2, 2, 3, 3, 3, 1, 1, 1, 1, 1, 0, 0, 0], dtype=np.uint8)
 """The runtime's ``_NIBBLE_TO_CODE``: |v| <= 2 -> +-1, |v| >= 3 -> +-4, sign bit kept (also for -0)."""
@@ -55,21 +53,7 @@ KEEP_LUT.flags.writeable = False
 def check_mxfp4(packed, scale, *, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Validate MXFP4 pair-layout arrays (packed U8 [..., K/2], scale U8 [..., K/32]);
     return them as C-contiguous [M, K/2], [M, K/32] rows."""
-    packed = np.asarray(packed)
-    scale = np.asarray(scale)
-    if packed.dtype != np.uint8 or packed.ndim < 1:
-        raise ShapeError(f"MXFP4 packed codes must be uint8 [..., K/2], found {packed.dtype} {list(packed.shape)}",
-                         tensor=name)
-    k = 2 * packed.shape[-1]
-    want = packed.shape[:-1] + (k // BLOCK,)
-    if k % BLOCK or scale.dtype != np.uint8 or scale.shape != want:
-        raise ShapeError(
-            f"MXFP4 packed [..., K/2] needs K a multiple of {BLOCK} and scales uint8 [..., K/32]; "
-            f"found packed {list(packed.shape)}, scale {scale.dtype} {list(scale.shape)}",
-            tensor=name,
-        )
-    m = math.prod(packed.shape[:-1])
-    return np.ascontiguousarray(packed).reshape(m, k // 2), np.ascontiguousarray(scale).reshape(m, k // BLOCK)
+    return block_rows(packed, scale, per_byte=2, what="MXFP4 packed codes", name=name)
 
 
 # ------------------------------------------------------------ keep-scales encoder

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from .columns import first_ids
 from .io import dtypes
 from .io.header import paused_gc
 from .io.reader import Checkpoint
 from .profiles import detect
-from .profiles.base import first_ids
 from .profiles.roles import Role, TensorRole
 
 JSON_SCHEMA_VERSION = 1

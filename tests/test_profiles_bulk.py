@@ -78,9 +78,11 @@ def test_fuzz_locate_many(names, scanned):
 
 
 def test_first_ids():
-    firsts, ids = B.first_ids(["b", "a", "b", "c", "a"])
+    from k3ckpt.columns import first_ids
+
+    firsts, ids = first_ids(["b", "a", "b", "c", "a"])
     assert firsts.tolist() == [0, 1, 3] and ids.tolist() == [0, 1, 0, 2, 1]
-    firsts, ids = B.first_ids([])
+    firsts, ids = first_ids([])
     assert len(firsts) == 0 and len(ids) == 0 and ids.dtype == np.int64
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import itertools
 import json
 import operator
 import os
@@ -37,6 +36,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
+from ..columns import first_ids
 from ..errors import InvalidFileError, NotFoundError, ShapeError, TruncatedFileError, UnsupportedError, UsageError
 from . import dtypes
 
@@ -89,12 +89,9 @@ class Header:
         whole-header work (``inspect``) then runs per pair, not per tensor."""
         if self.kinds is not None:
             return self.kinds
-        seen: dict[tuple, int] = {}
-        first = np.fromiter(map(seen.setdefault, map(_DTYPE_SHAPE, self.tensors.values()), itertools.count()),
-                            dtype=np.int64, count=len(self.tensors))
-        firsts, kind_of = np.unique(first, return_inverse=True)
         infos = list(self.tensors.values())
-        return [_DTYPE_SHAPE(infos[i]) for i in firsts.tolist()], kind_of.reshape(-1)
+        firsts, kind_of = first_ids(map(_DTYPE_SHAPE, infos))
+        return [_DTYPE_SHAPE(infos[i]) for i in firsts.tolist()], kind_of
 
     @property
     def data_start(self) -> int:

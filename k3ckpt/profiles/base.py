@@ -10,10 +10,9 @@ then costs one regex pass to pull out the indices.
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Hashable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -263,16 +262,6 @@ class Profile:
         # k-th integer of the name sits at pieces[2k + 1] of _INDEX.split()
         return _Entry(role, fallback, projection, 2 * layer_pos + 1 if layer_pos >= 0 else 0,
                       2 * expert_pos + 1 if expert_pos >= 0 else 0, part, cut, storage_of(part, dtype, self.quant))
-
-
-def first_ids(keys: Iterable[Hashable]) -> tuple[np.ndarray, np.ndarray]:
-    """Dense ids of hashable keys: (position of each id's first key, id per key),
-    ids in order of first appearance.  The dict work runs in C (``map`` over
-    ``setdefault``), which matters at half a million keys."""
-    seen: dict = {}
-    first_pos = np.fromiter(map(seen.setdefault, keys, itertools.count()), dtype=np.int64)
-    firsts, ids = np.unique(first_pos, return_inverse=True)
-    return firsts, ids.reshape(-1)
 
 
 def _int_column(values: list[int]) -> np.ndarray:

@@ -95,6 +95,20 @@ def _colon(buf, i):
 
 
 @njit
+def _after_member(buf, i):
+    """After an object member ending at ``i``: (index after '}', True) at the end of
+    the object, (start of the next member, False) after ',', or (-1, False)."""
+    i = _ws(buf, i)
+    if i >= buf.shape[0]:
+        return -1, False
+    if buf[i] == 125:
+        return i + 1, True
+    if buf[i] != 44:
+        return -1, False
+    return _ws(buf, i + 1), False
+
+
+@njit
 def _metadata(buf, i):
     """End (exclusive) of a ``{"k":"v",...}`` object of plain strings at ``i``, or -1."""
     if i >= buf.shape[0] or buf[i] != 123:
@@ -112,14 +126,9 @@ def _metadata(buf, i):
         e = _string_end(buf, i)
         if e < 0:
             return -1
-        i = _ws(buf, e + 1)
-        if i >= buf.shape[0]:
-            return -1
-        if buf[i] == 125:
-            return i + 1
-        if buf[i] != 44:
-            return -1
-        i = _ws(buf, i + 1)
+        i, end = _after_member(buf, e + 1)
+        if i < 0 or end:
+            return i
 
 
 @njit
@@ -262,15 +271,11 @@ def _scan(buf):
                 if i < 0:
                     return bad
                 k += 1
-            i = _ws(buf, i)
-            if i >= n:
+            i, end = _after_member(buf, i)
+            if i < 0:
                 return bad
-            if buf[i] == 125:
-                i += 1
+            if end:
                 break
-            if buf[i] != 44:
-                return bad
-            i = _ws(buf, i + 1)
     if _ws(buf, i) != n:
         return bad
     return spans[:k], meta
@@ -363,15 +368,11 @@ def _scan_index(buf):
                     pairs[k, 2] = i + 1
                     pairs[k, 3] = e
                     k += 1
-                    i = _ws(buf, e + 1)
-                    if i >= n:
+                    i, end = _after_member(buf, e + 1)
+                    if i < 0:
                         return bad
-                    if buf[i] == 125:
-                        i += 1
+                    if end:
                         break
-                    if buf[i] != 44:
-                        return bad
-                    i = _ws(buf, i + 1)
         else:
             if m >= members.shape[0]:
                 return bad
@@ -384,15 +385,11 @@ def _scan_index(buf):
             members[m, 3] = end
             m += 1
             i = end
-        i = _ws(buf, i)
-        if i >= n:
+        i, end = _after_member(buf, i)
+        if i < 0:
             return bad
-        if buf[i] == 125:
-            i += 1
+        if end:
             break
-        if buf[i] != 44:
-            return bad
-        i = _ws(buf, i + 1)
     if _ws(buf, i) != n or maps != 1:
         return bad
     return True, pairs[:k], members[:m]

@@ -2,9 +2,21 @@
 
 ``error_stats(ref, approx)`` compares a reference tensor (for k3ckpt: the
 decoded MXFP4 source) with its approximation and returns an ``ErrorStats``.
-All sums are float64, accumulated left to right in element order (C order).
-The numba kernel and its numpy reference (``error_stats_reference``) use the
-same order, so they agree to the bit.
+All sums are float64 in one fixed order, so the numba kernel, its numpy
+reference (``error_stats_reference``) and the fused MXFP4 -> moet-w2 kernel
+(``moet_fused``) agree to the bit:
+
+- the arrays are read as rows of their last axis (a 0-d or 1-d array is one
+  row), and each row as blocks of ``BLOCK`` = 32 consecutive elements (the
+  last block of a row may be shorter);
+- each sum is taken within a block, from +0.0, left to right;
+- block sums are added, from +0.0, in row-major block order.
+
+Blocks are the 32-element scale blocks of the MX formats, so a kernel that
+knows a block's values exactly (MXFP4 in, 2-bit codes out) gets its block sums
+from integer tables: in-order float64 sums of exact terms are exact.  The max
+row bias (``error_stats_rows``) adds a row's block error sums in block order;
+rows holding a non-finite pair are left out of it.
 
 Definitions (x = ref, y = approx, e = y - x, n = count of finite pairs):
 
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -71,99 +84,107 @@ class ErrorStats:
         return out
 
 
-# Sums vector layout shared by kernel, reference and _finish.
+# Sums vector layout shared by kernels, reference and _finish.
 _SXX, _SYY, _SEE, _SE, _SXY, _MAXABS, _N, _BAD = range(8)
+BLOCK = 32
+
+
+def _block_into(ref, approx, r, j0, j1, acc):
+    """Add block ``ref[r, j0:j1]`` / ``approx[r, j0:j1]`` to ``acc`` (the sums vector) in the
+    module doc's order; return (the block's error sum, whether it held a non-finite pair)."""
+    bxx = 0.0
+    byy = 0.0
+    bee = 0.0
+    be = 0.0
+    bxy = 0.0
+    bad = 0
+    for j in range(j0, j1):
+        x = np.float64(ref[r, j])
+        y = np.float64(approx[r, j])
+        if not (math.isfinite(x) and math.isfinite(y)):
+            bad += 1
+            continue
+        e = y - x
+        bxx += x * x
+        byy += y * y
+        bee += e * e
+        be += e
+        bxy += x * y
+        a = abs(e)
+        if a > acc[_MAXABS]:
+            acc[_MAXABS] = a
+    acc[_SXX] += bxx
+    acc[_SYY] += byy
+    acc[_SEE] += bee
+    acc[_SE] += be
+    acc[_SXY] += bxy
+    acc[_N] += (j1 - j0) - bad
+    acc[_BAD] += bad
+    return be, bad > 0
 
 
 def _accumulate_loop(ref, approx):
-    """float64 sums over finite pairs of a [rows, K] pair, strictly in element order
-    (see module doc), and in the same pass the largest |mean(approx - ref)| of a row,
-    summed left to right in float64 as ``tensor_stats.max_row_bias`` does."""
-    sxx = 0.0
-    syy = 0.0
-    see = 0.0
-    se = 0.0
-    sxy = 0.0
-    maxabs = 0.0
-    n = 0
-    bad = 0
+    """(sums vector, max row bias) of a [rows, K] pair, in the order of the module doc."""
+    acc = np.zeros(8, np.float64)
     top = 0.0
     k = ref.shape[1]
     for r in range(ref.shape[0]):
         row = 0.0
-        for j in range(k):
-            x = np.float64(ref[r, j])
-            y = np.float64(approx[r, j])
-            e = y - x
-            row += e
-            if not (math.isfinite(x) and math.isfinite(y)):
-                bad += 1
-                continue
-            sxx += x * x
-            syy += y * y
-            see += e * e
-            se += e
-            sxy += x * y
-            a = abs(e)
-            if a > maxabs:
-                maxabs = a
-            n += 1
-        if k:
+        row_bad = False
+        for j0 in range(0, k, BLOCK):
+            be, bad = _block_into(ref, approx, r, j0, min(j0 + BLOCK, k), acc)
+            row += be
+            row_bad = row_bad or bad
+        if k and not row_bad:
             m = abs(row / k)
             if m > top:
                 top = m
-    out = np.empty(8, np.float64)
-    out[_SXX] = sxx
-    out[_SYY] = syy
-    out[_SEE] = see
-    out[_SE] = se
-    out[_SXY] = sxy
-    out[_MAXABS] = maxabs
-    out[_N] = n
-    out[_BAD] = bad
-    return out, top
+    return acc, top
 
 
 @functools.cache
-def _accumulate():
-    """The numba kernel of ``_accumulate_loop``, compiled (or loaded from numba's cache)
-    on first use, so that reading a report (``k3ckpt report``) never imports numba."""
+def _kernels():
+    """(block helper, rows kernel) jitted (or loaded from numba's cache) on first use, so that
+    reading a report (``k3ckpt report``) never imports numba."""
     from .._numba import njit
 
-    return njit(_accumulate_loop)
+    block_into = njit(inline="always")(_block_into)
+    loop = types.FunctionType(_accumulate_loop.__code__, {**globals(), "_block_into": block_into},
+                              "_accumulate_loop")
+    return block_into, njit(loop)
 
 
-def _sums(r: np.ndarray, a: np.ndarray, k: int) -> tuple[np.ndarray, float]:
-    """(sums vector, max row bias) of flat ``r`` and ``a`` read as rows of ``k``."""
-    if k and r.size:
-        return _accumulate()(r.reshape(-1, k), a.reshape(-1, k))
-    return _accumulate()(r.reshape(1, -1), a.reshape(1, -1))
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as [rows, K] of its last axis (0-d and 1-d: one row)."""
+    return a.reshape(1, -1) if a.ndim < 2 else a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
-def _sequential_sum(v: np.ndarray) -> float:
-    # np.sum is pairwise; np.cumsum (add.accumulate) adds strictly left to right,
-    # which is the order the kernel uses.
-    return float(np.cumsum(v)[-1]) if v.size else 0.0
+def _ordered_sums(t: np.ndarray) -> np.ndarray:
+    """float64 sums over the last axis from +0.0, left to right (np.cumsum is sequential;
+    np.sum is pairwise, another order)."""
+    return np.cumsum(np.concatenate([np.zeros(t.shape[:-1] + (1,)), t], axis=-1), axis=-1)[..., -1]
 
 
-def _accumulate_reference(ref: np.ndarray, approx: np.ndarray) -> np.ndarray:
-    x = ref.astype(np.float64)
-    y = approx.astype(np.float64)
+def _accumulate_reference(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Numpy twin of ``_accumulate_loop`` on float64 [rows, K]: the same sums in the same order."""
+    rows, k = x.shape
     ok = np.isfinite(x) & np.isfinite(y)
-    bad = int(ok.size - np.count_nonzero(ok))
-    x = x[ok]
-    y = y[ok]
-    e = y - x
     out = np.zeros(8, np.float64)
-    out[_SXX] = _sequential_sum(x * x)
-    out[_SYY] = _sequential_sum(y * y)
-    out[_SEE] = _sequential_sum(e * e)
-    out[_SE] = _sequential_sum(e)
-    out[_SXY] = _sequential_sum(x * y)
-    out[_MAXABS] = float(np.max(np.abs(e))) if e.size else 0.0
-    out[_N] = x.size
-    out[_BAD] = bad
-    return out
+    out[_N] = np.count_nonzero(ok)
+    out[_BAD] = ok.size - out[_N]
+    if x.size == 0:
+        return out, 0.0
+    nb = -(-k // BLOCK)
+    pad = ((0, 0), (0, nb * BLOCK - k))
+    # Left-out and padding positions add +0.0: no change to a sum that starts at +0.0.
+    x = np.pad(np.where(ok, x, 0.0), pad).reshape(rows, nb, BLOCK)
+    y = np.pad(np.where(ok, y, 0.0), pad).reshape(rows, nb, BLOCK)
+    e = y - x
+    for i, t in ((_SXX, x * x), (_SYY, y * y), (_SEE, e * e), (_SE, e), (_SXY, x * y)):
+        out[i] = _ordered_sums(_ordered_sums(t).reshape(-1))
+    out[_MAXABS] = float(np.max(np.abs(e)))
+    row_bias = np.abs(_ordered_sums(_ordered_sums(e)) / k)[ok.all(axis=1)]
+    return out, float(row_bias.max()) if row_bias.size else 0.0
 
 
 def _flat(a, what: str) -> np.ndarray:
@@ -173,7 +194,7 @@ def _flat(a, what: str) -> np.ndarray:
     if a.dtype not in (np.float32, np.float64):
         # float16, bfloat16 / float8 (ml_dtypes), ints: every value is exact in float64.
         a = a.astype(np.float64)
-    return np.ascontiguousarray(a).reshape(-1)
+    return _rows(np.ascontiguousarray(a))
 
 
 def _is_ml_float(dt: np.dtype) -> bool:
@@ -247,19 +268,24 @@ def _finish(s: np.ndarray, nonfinite: str) -> ErrorStats:
 
 def error_stats(ref, approx, *, nonfinite: str = "raise") -> ErrorStats:
     """Error of ``approx`` against ``ref`` (same shape, any real dtype); numba kernel."""
-    r, a = _prepare(ref, approx, nonfinite)
-    return _finish(_sums(r, a, r.size)[0], nonfinite)
+    return error_stats_rows(ref, approx, nonfinite=nonfinite)[0]
 
 
 def error_stats_rows(ref, approx, *, nonfinite: str = "raise") -> tuple[ErrorStats, float]:
-    """``error_stats(ref, approx)`` and ``tensor_stats.max_row_bias(ref, approx)`` of
-    arrays whose last axis is the row, in one pass; the same bits as calling the two."""
+    """``error_stats(ref, approx)`` and the largest |mean(approx - ref)| of a row (last axis;
+    rows with a non-finite pair left out), in one pass."""
     r, a = _prepare(ref, approx, nonfinite)
-    sums, top = _sums(r, a, np.shape(ref)[-1] if np.ndim(ref) else 1)
+    sums, top = _kernels()[1](r, a)
     return _finish(sums, nonfinite), float(top)
 
 
 def error_stats_reference(ref, approx, *, nonfinite: str = "raise") -> ErrorStats:
     """Plain-numpy twin of ``error_stats``; identical bits, much slower."""
+    return error_stats_rows_reference(ref, approx, nonfinite=nonfinite)[0]
+
+
+def error_stats_rows_reference(ref, approx, *, nonfinite: str = "raise") -> tuple[ErrorStats, float]:
+    """Plain-numpy twin of ``error_stats_rows``; identical bits."""
     r, a = _prepare(ref, approx, nonfinite)
-    return _finish(_accumulate_reference(r, a), nonfinite)
+    sums, top = _accumulate_reference(r.astype(np.float64), a.astype(np.float64))
+    return _finish(sums, nonfinite), top

@@ -1,8 +1,7 @@
-"""Per-tensor report fields beside the error metric: row bias, source zeros, 2-bit code counts.
+"""Per-tensor report fields beside the error metric: source zeros, 2-bit code counts.
 
-Each numba kernel has a numpy twin with the same signature (``*_reference``);
-tests hold them equal bit for bit.  Row sums are float64 accumulated left to
-right in column order in both (``np.cumsum`` is sequential).
+(The max row bias comes with the metric: ``metrics.error_stats_rows``.)  Each
+numba kernel has a numpy twin (``*_reference``); tests hold them equal.
 """
 
 from __future__ import annotations
@@ -10,36 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
-
-
-@njit
-def _row_bias_kernel(ref, approx):
-    top = 0.0
-    k = ref.shape[1]
-    for r in range(ref.shape[0]):
-        s = 0.0
-        for j in range(k):
-            s += np.float64(approx[r, j]) - np.float64(ref[r, j])
-        m = abs(s / k)
-        if m > top:
-            top = m
-    return top
-
-
-def max_row_bias(ref: np.ndarray, approx: np.ndarray) -> float:
-    """max over rows of |mean(approx - ref)| for 2-D float arrays [rows, K] (numba)."""
-    if ref.size == 0:
-        return 0.0
-    return float(_row_bias_kernel(np.ascontiguousarray(ref), np.ascontiguousarray(approx)))
-
-
-def max_row_bias_reference(ref: np.ndarray, approx: np.ndarray) -> float:
-    """Numpy twin of ``max_row_bias``."""
-    if ref.size == 0:
-        return 0.0
-    e = approx.astype(np.float64) - ref.astype(np.float64)
-    sums = np.cumsum(e, axis=1)[:, -1]
-    return float(np.max(np.abs(sums / ref.shape[1])))
 
 
 @njit

@@ -53,7 +53,12 @@ def _error(ref: np.ndarray, out: np.ndarray):
     from .metrics import error_stats_rows
 
     stats, top = error_stats_rows(ref, out)
-    return stats, 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
+    return stats, _relative(top, stats)
+
+
+def _relative(top: float, stats) -> float:
+    """Max row bias relative to the source's RMS (as the report shows it)."""
+    return 0.0 if top == 0.0 else (top / stats.ref_rms if stats.ref_rms else math.inf)
 
 
 def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: str | None = None, *,
@@ -72,18 +77,28 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
     if nan:
         raise NaNScaleError(f"{nan} block(s) have the E8M0 scale 0xFF (NaN); a NaN block has no "
                             "2-bit encoding", tensor=name)
+    ident = dict(name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,
+                 params=2 * p.size)
+    if format == "moet-w2":
+        # One pass: the same parts and numbers as the general path below, bit for bit (moet_fused).
+        from .moet_fused import requant_moet
+
+        m = requant_moet(p, s, method or "refit", name=name)
+        parts = {"packed": m.codes, "scale": m.scale}
+        return parts, TensorResult(
+            **ident, bytes=m.codes.nbytes + m.scale.nbytes, stats=m.stats,
+            max_row_bias=_relative(m.max_row_bias, m.stats), source_zero_fraction=m.source_zeros / (2 * p.size) if p.size else 0.0,
+            code_histogram=m.code_histogram, scale_changes=m.scale_changes if method == "refit" else None)
     fmt = get_format(format)
     parts = _encode(fmt, method, p, s, name)
     src = get_format("mxfp4-pack-quantized").decode({"packed": p, "scale": s}, name=name)
     out = fmt.decode(parts, name=name)
     stats, max_row_bias = _error(src, out)
     zeros = tensor_stats.zero_codes(p)
-    scale_changes = int(np.count_nonzero(parts["scale"] != s)) if (format == "moet-w2" and method == "refit") else None
     result = TensorResult(
-        name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,
-        params=int(src.size), bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,
+        **ident, bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,
         max_row_bias=max_row_bias, source_zero_fraction=zeros / (2 * p.size) if p.size else 0.0,
-        code_histogram=_code_histogram(fmt, parts), scale_changes=scale_changes)
+        code_histogram=_code_histogram(fmt, parts), scale_changes=None)
     return parts, result
 
 

@@ -1,0 +1,98 @@
+"""moet_fused: one pass gives the moet-w2 encoders' bytes and the shared metric's bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from k3ckpt.errors import NaNScaleError, UsageError
+from k3ckpt.requant import moet
+from k3ckpt.requant.moet_fused import requant_moet, requant_moet_reference
+
+
+def _mxfp4(rng, shape, lo, hi, zero_blocks=0.05):
+    """Random MXFP4 pair layout [..., K/2], [..., K/32] with some all-zero blocks (+0 and -0)."""
+    *lead, k = shape
+    packed = rng.integers(0, 256, (*lead, k // 2), dtype=np.uint8)
+    scale = rng.integers(lo, hi, (*lead, k // 32)).astype(np.uint8)
+    blocks = packed.reshape(-1, 16)
+    zero = rng.random(blocks.shape[0]) < zero_blocks
+    blocks[zero] = rng.choice(np.array([0x00, 0x08, 0x80, 0x88], np.uint8), size=(int(zero.sum()), 16))
+    return packed, scale
+
+
+def _same(a, b):
+    assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scale, b.scale)
+    assert a.stats == b.stats
+    assert a.max_row_bias == b.max_row_bias
+    assert (a.source_zeros, a.code_histogram, a.scale_changes) == (b.source_zeros, b.code_histogram,
+                                                                  b.scale_changes)
+
+
+@pytest.mark.parametrize("method", ["refit", "keep-scales"])
+@pytest.mark.parametrize("lo,hi", [(112, 130), (0, 12), (0, 255), (246, 256)])
+def test_fused_equals_reference_bit_for_bit(method, lo, hi):
+    """Typical exponents, the smallest (float32 subnormals), all of them, and the top end where
+    values overflow float32 or scales are NaN (counted, as the metric counts them)."""
+    rng = np.random.default_rng(lo * 7 + hi)
+    packed, scale = _mxfp4(rng, (2, 9, 256), lo, hi)
+    a = requant_moet(packed, scale, method, nonfinite="count")
+    _same(a, requant_moet_reference(packed, scale, method, nonfinite="count"))
+    assert a.codes.shape == (2, 9, 64) and a.scale.shape == scale.shape
+    enc = moet.encode_refit if method == "refit" else moet.encode_keep_scales
+    codes, new_scale = enc(packed, scale)
+    assert np.array_equal(a.codes, codes) and np.array_equal(a.scale, new_scale)
+    if hi > 252:
+        assert a.stats.nonfinite > 0
+        with pytest.raises(NaNScaleError):
+            requant_moet(packed, scale, method)
+    else:
+        assert a.stats.nonfinite == 0 and a.stats.count == 2 * packed.size
+
+
+def test_fused_counts_against_direct_counts():
+    rng = np.random.default_rng(1)
+    packed, scale = _mxfp4(rng, (64, 512), 118, 128)
+    a = requant_moet(packed, scale, "refit")
+    nib = np.concatenate([packed.reshape(-1) & 15, packed.reshape(-1) >> 4])
+    assert a.source_zeros == int(np.count_nonzero((nib & 7) == 0))
+    fields = np.concatenate([(a.codes.reshape(-1) >> sh) & 3 for sh in (0, 2, 4, 6)])
+    assert a.code_histogram == tuple(int(np.count_nonzero(fields == c)) for c in range(4))
+    assert a.scale_changes == int(np.count_nonzero(a.scale != scale)) > 0
+    assert requant_moet(packed, scale, "keep-scales").scale_changes == 0
+
+
+def test_all_zero_tensor_and_bad_method():
+    packed = np.zeros((4, 16), np.uint8)
+    packed[1] = 0x88                                    # -0 everywhere in row 1
+    scale = np.full((4, 1), 120, np.uint8)
+    for method in ("refit", "keep-scales"):
+        a = requant_moet(packed, scale, method)
+        _same(a, requant_moet_reference(packed, scale, method))
+        assert a.stats.snr_db == -np.inf and a.source_zeros == 128
+    assert np.all(requant_moet(packed, scale).scale == 0)
+    with pytest.raises(UsageError, match="method"):
+        requant_moet(packed, scale, "nearest")
+
+
+def test_worker_fused_path_equals_general_path():
+    """requant_weight's moet-w2 row is the one the general encode / decode / metric path gives."""
+    from k3ckpt.formats import get_format
+    from k3ckpt.requant import tensor_stats
+    from k3ckpt.requant.metrics import error_stats_rows
+    from k3ckpt.requant.worker import requant_weight
+
+    rng = np.random.default_rng(2)
+    packed, scale = _mxfp4(rng, (48, 256), 116, 128)
+    for method in ("refit", "keep-scales"):
+        parts, r = requant_weight(packed, scale, "moet-w2", method, name="w")
+        codes = get_format("moet-w2").from_mxfp4(packed, scale, method=method)
+        assert np.array_equal(parts["packed"], codes["packed"]) and np.array_equal(parts["scale"], codes["scale"])
+        src = get_format("mxfp4-pack-quantized").decode({"packed": packed, "scale": scale})
+        out = get_format("moet-w2").decode(codes)
+        stats, top = error_stats_rows(src, out)
+        assert r.stats == stats and r.max_row_bias == top / stats.ref_rms
+        assert r.code_histogram == tensor_stats.code_histogram(codes["packed"])
+        assert r.source_zero_fraction == tensor_stats.zero_codes(packed) / (2 * packed.size)
+        assert r.bytes == codes["packed"].nbytes + codes["scale"].nbytes and r.params == 256 * 48
+        assert r.scale_changes == (int(np.count_nonzero(codes["scale"] != scale)) if method == "refit" else None)

@@ -247,3 +247,41 @@ def test_concurrent_chunk_writes(tmp_path):
             list(ex.map(lambda j: w.write_chunk(j[0], j[1], payload[j[0]][j[1]: j[1] + 512]), jobs))
     with open_checkpoint(tmp_path) as ck:
         assert all(ck.read_bytes(n) == payload[n] for n in payload)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hash_shards_while_writing(tmp_path, monkeypatch, seed):
+    """hash_shards: each shard's sha256 is ready when it turns final and equals a fresh hash of
+    the file, whatever order and chunking the writes come in (small steps force many pieces)."""
+    import hashlib
+    import threading
+
+    from k3ckpt.io import _prefix_hash
+
+    monkeypatch.setattr(_prefix_hash, "_STEP", 7)
+    monkeypatch.setattr(_prefix_hash, "_CHUNK", 5)
+    specs = SPECS + [TensorSpec("empty2", "F32", (0,)), TensorSpec("tail", "U8", (333,))]
+    data = {s.name: _rng_bytes(s.nbytes, i + seed) for i, s in enumerate(specs)}
+    seen = {}
+    with ShardedWriter(tmp_path, specs, max_shard_bytes=300, hash_shards=True,
+                       on_shard_final=lambda p: seen.setdefault(p.name, w.sha256[p.name])) as w:
+        rng = np.random.default_rng(seed)
+        pieces = [(s.name, o, min(o + 23, s.nbytes)) for s in specs for o in range(0, s.nbytes, 23)]
+        for i in rng.permutation(len(pieces)):
+            name, a, b = pieces[i]
+            w.write_chunk(name, a, data[name][a:b])
+    assert set(seen) == set(w.shards) and len(w.shards) > 2
+    for name, digest in seen.items():
+        assert digest == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+    assert not [t for t in threading.enumerate() if t.name == "k3ckpt-hash"]
+
+
+def test_hash_shards_abort_stops_the_hasher(tmp_path):
+    import threading
+
+    w = ShardedWriter(tmp_path, SPECS, max_shard_bytes=300, hash_shards=True)
+    w.write_chunk("emb", 0, _rng_bytes(80))
+    assert [t for t in threading.enumerate() if t.name == "k3ckpt-hash"]
+    w.abort()
+    assert not [t for t in threading.enumerate() if t.name == "k3ckpt-hash"]
+    assert _listing(tmp_path) == []

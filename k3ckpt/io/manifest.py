@@ -129,12 +129,13 @@ class RunManifest:
         except FileNotFoundError:
             return False
 
-    def record(self, name: str) -> FileRecord:
-        """Hash the final file ``root/name`` and list it."""
+    def record(self, name: str, *, sha256: str | None = None) -> FileRecord:
+        """List the final file ``root/name`` with its sha256 (computed here unless the writer
+        already hashed it while writing: ``ShardedWriter(hash_shards=True)``)."""
         path = self.root / name
         if not path.is_file():
             raise UsageError(f"cannot record {name!r}: no such output file", file=str(self.root))
-        rec = FileRecord(name, path.stat().st_size, sha256_file(path))
+        rec = FileRecord(name, path.stat().st_size, sha256 or sha256_file(path))
         self.records[name] = rec
         self._data["files"][name] = {"size": rec.size, "sha256": rec.sha256}
         self._save()

@@ -70,6 +70,8 @@ class _Shard:
     fd: int | None = None
     inflight: int = 0
     done: bool = False
+    hasher: Any = None      # PrefixHasher while open, with hash_shards
+    cursor: int = 0         # tensors[:cursor] are complete (for the hashed prefix)
 
 
 def _as_bytes_view(data: Any, *, tensor: str) -> memoryview:
@@ -148,7 +150,9 @@ class ShardedWriter:
     headers are checked against the plan, their tensors are not written again
     (``needs(name)`` is False) and an existing index is replaced at close.
     ``on_shard_final(path)`` runs after each shard is renamed to its final name
-    (e.g. to record it in a ``RunManifest``).
+    (e.g. to record it in a ``RunManifest``).  With ``hash_shards`` each shard's
+    sha256 is computed while it is written (``PrefixHasher``) and is in
+    ``sha256[name]`` by the time ``on_shard_final`` runs.
     """
 
     def __init__(
@@ -165,6 +169,7 @@ class ShardedWriter:
         check_free_space: bool = True,
         done_shards: Collection[str] = (),
         on_shard_final: Callable[[Path], None] | None = None,
+        hash_shards: bool = False,
     ):
         from .reader import check_shard_name
 
@@ -230,6 +235,8 @@ class ShardedWriter:
         self._closed = False
         self._aborted = False
         self._on_shard_final = on_shard_final
+        self._hash_shards = bool(hash_shards)
+        self.sha256: dict[str, str] = {}
         self._resume_done(done_shards)
 
         if not overwrite:
@@ -296,6 +303,11 @@ class ShardedWriter:
                 sh.tmp.unlink(missing_ok=True)
                 raise
             sh.fd = fd
+            if self._hash_shards:
+                from ._prefix_hash import PrefixHasher
+
+                sh.hasher = PrefixHasher(sh.tmp, sh.file_size)
+                self._advance_hash(sh)
         return sh.fd
 
     @staticmethod
@@ -366,8 +378,23 @@ class ShardedWriter:
             self._record(name, offset, end)
             if self._complete(name):
                 sh.pending.discard(name)
+            if sh.hasher is not None:
+                self._advance_hash(sh)
             if not sh.pending and sh.inflight == 0 and not sh.done:
                 self._finalize(sh)
+
+    def _advance_hash(self, sh: _Shard) -> None:
+        """Tell the shard's hasher how far its bytes are written without a gap (lock held)."""
+        while sh.cursor < len(sh.tensors) and (self.specs[sh.tensors[sh.cursor]].nbytes == 0
+                                               or self._complete(sh.tensors[sh.cursor])):
+            sh.cursor += 1
+        if sh.cursor == len(sh.tensors):
+            upto = sh.file_size
+        else:
+            t = sh.tensors[sh.cursor]
+            r = self._ranges[t]
+            upto = self._offset[t] + (r[0][1] if r and r[0][0] == 0 else 0)
+        sh.hasher.advance(upto)
 
     def _check_open(self) -> None:
         if self._aborted:
@@ -383,9 +410,14 @@ class ShardedWriter:
             assert size == sh.file_size, (sh.name, size, sh.file_size)
             os.fsync(fd)
             os.fchmod(fd, _FILE_MODE)
+            if sh.hasher is not None:
+                self.sha256[sh.name] = sh.hasher.hexdigest()
         finally:
             os.close(fd)
             sh.fd = None
+            if sh.hasher is not None:
+                sh.hasher.close()
+                sh.hasher = None
         os.replace(sh.tmp, sh.final)
         _fsync_dir(self.dst_dir)
         sh.done = True
@@ -442,6 +474,9 @@ class ShardedWriter:
                 if sh.fd is not None:
                     os.close(sh.fd)
                     sh.fd = None
+                if sh.hasher is not None:
+                    sh.hasher.close()
+                    sh.hasher = None
                 if not sh.done:
                     sh.tmp.unlink(missing_ok=True)
             self.index_path.with_name(f".{self.index_path.name}.partial").unlink(missing_ok=True)

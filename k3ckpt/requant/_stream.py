@@ -104,10 +104,10 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
     def on_final(path: Path) -> None:
         # Results first, then the record: a shard listed as final always has its results saved.
         manifest.put(RESULTS_KEY + path.name, [results[i].to_dict() for i in per_shard[path.name]])
-        manifest.record(path.name)
+        manifest.record(path.name, sha256=writer.sha256[path.name])
 
     with ShardedWriter(dst, list(plan.specs), max_shard_bytes=max_shard_bytes, done_shards=done_shards,
-                       on_shard_final=on_final, overwrite=resume,
+                       on_shard_final=on_final, overwrite=resume, hash_shards=True,
                        write_index=True) as writer:   # always an index: transformers needs one for model-0000x names
         per_shard = _shard_results(plan, writer)
         todo = [w for w in plan.weights

@@ -48,7 +48,7 @@ _PROJECTION_WORDS = {"w1": "gate", "w3": "up", "w2": "down", "gate": "gate", "up
                      "gate_up_proj": "gate_up"}
 # Rough single-core rates (weights/s) of the whole per-weight job (encode, two decodes, error
 # metric) for --dry-run's time estimate; measured at K3 expert shapes (docs/requant.md).
-_RATE = {"keep-scales": 35e6, "refit": 30e6, "k3ckpt-mx2": 16e6,
+_RATE = {"keep-scales": 120e6, "refit": 100e6, "k3ckpt-mx2": 16e6,   # moet-w2: one pass (moet_fused)
          MXFP4: 40e6, GPT_OSS_MXFP4: 40e6}   # MXFP4 from floats: encode, decode, metric
 _RATE_OTHER = 3e6
 _IO_RATE = 500e6   # bytes/s read + written, a conservative local-disk figure

@@ -188,7 +188,8 @@ class _RankOut:
         self.writer = ShardedWriter(self.folder, self.specs, max_shard_bytes=max_shard_bytes, write_index=True,
                                     overwrite=True, check_free_space=False, done_shards=[
                                         d for d in done if d.endswith(".safetensors")],
-                                    on_shard_final=lambda p: manifest.record(f"{work.folder}/{p.name}"))
+                                    hash_shards=True, on_shard_final=lambda p: manifest.record(
+                                        f"{work.folder}/{p.name}", sha256=self.writer.sha256[p.name]))
         self.pack = None
         self.layout = layout
         if work.pack:

@@ -1,0 +1,75 @@
+"""sha256 of a file while it is being written, on a background thread.
+
+A writer that fills a file out of order knows how far its written prefix
+reaches; ``PrefixHasher.advance(upto)`` hands the new part of that prefix to a
+thread that reads it back through its own descriptor (from the page cache)
+and hashes it.  hashlib drops the GIL for large updates, so the hash runs
+beside the writer instead of as one long pass after the file is complete, when
+nothing else is left to overlap with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+
+_STEP = 32 << 20      # hand work to the thread in pieces of at least this much
+_CHUNK = 8 << 20
+
+
+class PrefixHasher:
+    """Hash ``path`` (of final size ``size``) as ``advance`` reports its written prefix."""
+
+    def __init__(self, path: str | os.PathLike, size: int):
+        self._fd = os.open(path, os.O_RDONLY)
+        self._size = size
+        self._queued = 0
+        self._hash = hashlib.sha256()
+        self._error: BaseException | None = None
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="k3ckpt-hash", daemon=True)
+        self._thread.start()
+
+    def advance(self, upto: int) -> None:
+        """Bytes [0, upto) are written and will not change."""
+        if upto - self._queued >= _STEP or (upto == self._size and upto > self._queued):
+            self._work.put((self._queued, upto))
+            self._queued = upto
+
+    def hexdigest(self) -> str:
+        """The file's sha256, once all of it is written (waits for the thread)."""
+        self.advance(self._size)
+        assert self._queued == self._size
+        self._stop()
+        if self._error is not None:
+            raise self._error
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        """Stop without a result (the file is abandoned)."""
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._thread.is_alive():
+            self._work.put(None)
+            self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            if self._error is not None:
+                continue
+            start, end = item
+            try:
+                while start < end:
+                    chunk = os.pread(self._fd, min(_CHUNK, end - start), start)
+                    if not chunk:
+                        raise OSError(f"file ended at {start:,} bytes while hashing up to {end:,}")
+                    self._hash.update(chunk)
+                    start += len(chunk)
+            except BaseException as e:   # re-raised in the writer's thread by hexdigest
+                self._error = e

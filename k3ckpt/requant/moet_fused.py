@@ -72,13 +72,28 @@ def _tables() -> np.ndarray:
     return np.ascontiguousarray(np.stack(out).astype(np.int64))
 
 
+def _nibble_lanes() -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4 byte -> its two nibbles counted in byte lanes: lane m of the first word counts
+    nibble m (sign clear), of the second nibble 8 + m (sign set).  32 nibbles a block keep
+    every lane below 256 and the top one (<= 32 << 56) inside int64."""
+    b = np.arange(256)
+    words = []
+    for sign in (0, 8):
+        w = np.zeros(256, np.int64)
+        for nib in (b & 15, b >> 4):
+            hit = (nib & 8) == sign
+            w += np.where(hit, np.left_shift(1, 8 * (nib & 7)), 0)
+        words.append(w)
+    return words[0], words[1]
+
+
 def _code_tables() -> np.ndarray:
     """int64 [candidates, 16]: the 2-bit code of each nibble."""
     t = _REFIT_TABLES
     return np.stack([level_codes(t.a, t.b, int(d)) for d in t.d]).astype(np.int64)
 
 
-def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code16, pow2,
+def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code16, pow2, lanes_pos, lanes_neg,
                 f32_lo, f32_hi, levels, e8m0, out, out_scale, acc, used, xbuf, ybuf):
     """Encode every block (as moet._refit_kernel, or keep-scales), add its metric sums to
     ``acc`` in the metric's order and its nibble counts to ``used[candidate]``; return the
@@ -93,12 +108,17 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
         for blk in range(scale.shape[1]):
             s = np.int64(scale[r, blk])
             p0 = blk * 16
-            for m in range(16):
-                h[m] = 0
+            # Nibble counts in byte lanes of two registers (nibbles 0-7, 8-15): no memory
+            # round trip per element, and a lane never passes 32.
+            wa = np.int64(0)
+            wb = np.int64(0)
             for j in range(16):
                 b = packed[r, p0 + j]
-                h[b & 15] += 1
-                h[b >> 4] += 1
+                wa += lanes_pos[b]
+                wb += lanes_neg[b]
+            for m in range(8):
+                h[m] = (wa >> (8 * m)) & 255
+                h[m + 8] = (wb >> (8 * m)) & 255
             zeros = h[0] + h[8]
             # Candidate 0 (d = 0) is keep-scales; an all-zero block keeps its codes (+-1 by the
             # zeros' sign bits) and, in refit, takes the smallest exponent.
@@ -215,7 +235,7 @@ def requant_moet(packed, scale, method: str = "refit", *, name: str | None = Non
     used = np.zeros((len(t.d), 16), np.int64)
     xbuf = np.empty((1, 32), np.float32)
     ybuf = np.empty((1, 32), np.float32)
-    top = _kernel()(p, s, method == "refit", t.d, t.err, t.lut, _STATS16, _CODE16, _POW2,
+    top = _kernel()(p, s, method == "refit", t.d, t.err, t.lut, _STATS16, _CODE16, _POW2, *_LANES,
                     NIBBLE_LO_F32, NIBBLE_HI_F32, LEVELS, E8M0_F32, out, out_scale, acc, used, xbuf, ybuf)
     nibbles = used.sum(axis=0)
     codes = [int(used[_CODE16 == c].sum()) for c in range(4)]
@@ -245,3 +265,4 @@ def requant_moet_reference(packed, scale, method: str = "refit", *, name: str | 
 _STATS16 = _tables()
 _CODE16 = _code_tables()
 _POW2 = np.ldexp(1.0, np.arange(_POW2_LO, -_POW2_LO + 1))
+_LANES = _nibble_lanes()

@@ -87,9 +87,28 @@ def encode_keep_scales_reference(packed, scale, *, name: str | None = None) -> t
 
 # ------------------------------------------------------------------ refit encoder
 
+@njit(inline="always")
+def best_candidate(h8, s, cand_d, cand_err):
+    """(index, squared error) of the refit candidate with the least error for a block with
+    E2M1 magnitude counts ``h8`` and E8M0 byte ``s``; exponents outside 0..254 are skipped.
+    Strict "<": candidates come in preference order, so ties keep the earlier one."""
+    best = -1
+    best_err = np.int64(0)
+    for c in range(cand_d.shape[0]):
+        e = s + cand_d[c]
+        if e < 0 or e > 254:
+            continue
+        err = np.int64(0)
+        for m in range(8):
+            err += h8[m] * cand_err[c, m]
+        if best < 0 or err < best_err:
+            best = c
+            best_err = err
+    return best, best_err
+
+
 @njit
 def _refit_kernel(packed, scale, cand_d, cand_err, cand_lut, keep_lut, out, out_scale):
-    nc = cand_d.shape[0]
     h = np.zeros(8, np.int64)
     for r in range(packed.shape[0]):
         for blk in range(scale.shape[1]):
@@ -109,19 +128,7 @@ def _refit_kernel(packed, scale, cand_d, cand_err, cand_lut, keep_lut, out, out_
                 for j in range(8):
                     out[r, q0 + j] = keep_lut[packed[r, p0 + 2 * j]] | (keep_lut[packed[r, p0 + 2 * j + 1]] << 4)
                 continue
-            best = -1
-            best_err = np.int64(0)
-            for c in range(nc):
-                e = s + cand_d[c]
-                if e < 0 or e > 254:
-                    continue
-                err = np.int64(0)
-                for m in range(8):
-                    err += h[m] * cand_err[c, m]
-                # Strict "<": candidates come in preference order, so ties keep the earlier one.
-                if best < 0 or err < best_err:
-                    best = c
-                    best_err = err
+            best = best_candidate(h, s, cand_d, cand_err)[0]
             out_scale[r, blk] = s + cand_d[best]
             for j in range(8):
                 lo = cand_lut[best, packed[r, p0 + 2 * j]]

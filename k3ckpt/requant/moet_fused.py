@@ -30,7 +30,8 @@ import numpy as np
 from ..formats.e2m1 import E8M0_F32, NIBBLE_HI_F32, NIBBLE_LO_F32
 from ..formats.moet_w2 import LEVELS
 from . import metrics
-from .moet import _MAG_UNITS, _REFIT_TABLES, _level_units, KEEP_LUT, NIBBLE_TO_CODE, UNIT_EXP, check_mxfp4, level_codes
+from .moet import (_MAG_UNITS, _REFIT_TABLES, KEEP_LUT, NIBBLE_TO_CODE, UNIT_EXP, _level_units, best_candidate,
+                   check_mxfp4, level_codes)
 
 METHODS = ("refit", "keep-scales")
 _FAST_MAX_SCALE = 252   # above this a value can overflow float32 (6 * 2^(253 - 127) > float32 max)
@@ -98,8 +99,8 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
     """Encode every block (as moet._refit_kernel, or keep-scales), add its metric sums to
     ``acc`` in the metric's order and its nibble counts to ``used[candidate]``; return the
     max row bias."""
-    nc = cand_d.shape[0]
     h = np.zeros(16, np.int64)
+    h8 = np.zeros(8, np.int64)
     top = 0.0
     k = scale.shape[1] * 32
     for r in range(packed.shape[0]):
@@ -119,28 +120,20 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
             for m in range(8):
                 h[m] = (wa >> (8 * m)) & 255
                 h[m + 8] = (wb >> (8 * m)) & 255
-            zeros = h[0] + h[8]
+            for m in range(8):
+                h8[m] = h[m] + h[m + 8]
+            zeros = h8[0]
             # Candidate 0 (d = 0) is keep-scales; an all-zero block keeps its codes (+-1 by the
             # zeros' sign bits) and, in refit, takes the smallest exponent.
             best = 0
             new_s = s
             best_err = np.int64(0)
             for m in range(8):
-                best_err += (h[m] + h[m + 8]) * cand_err[0, m]
+                best_err += h8[m] * cand_err[0, m]
             if refit and s != 255 and zeros == 32:
                 new_s = 0
             elif refit and s != 255:
-                best = -1
-                for c in range(nc):
-                    e = s + cand_d[c]
-                    if e < 0 or e > 254:
-                        continue
-                    err = np.int64(0)
-                    for m in range(8):
-                        err += (h[m] + h[m + 8]) * cand_err[c, m]
-                    if best < 0 or err < best_err:   # strict: ties keep the earlier candidate
-                        best = c
-                        best_err = err
+                best, best_err = best_candidate(h8, s, cand_d, cand_err)
                 new_s = s + cand_d[best]
             out_scale[r, blk] = new_s
             lut = cand_lut[best]
@@ -173,7 +166,7 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
             sxy = np.int64(0)
             emax = np.int64(0)
             for m in range(8):
-                n = h[m] + h[m + 8]
+                n = h8[m]
                 sxx += n * stats16[best, 0, m]
                 syy += n * stats16[best, 1, m]
                 se += (h[m] - h[m + 8]) * stats16[best, 3, m]

@@ -3,7 +3,8 @@
 ``requant_weight`` is the whole per-weight job for an MXFP4 source: check it,
 encode it in the target format, decode both and measure the error with the
 shared metric (``k3ckpt.requant.metrics.error_stats``), and return the new
-parts with a ``TensorResult``.  ``requant_floats`` is the same job for any
+parts with a ``TensorResult``; for moet-w2 one kernel does all of it
+(``moet_fused``, same bits).  ``requant_floats`` is the same job for any
 other source, given its decoded float32 values (``sources.decode_slice``):
 formats that encode from floats take them directly (``mxfp4``, ``gguf-iq2_xs``);
 those that encode from MXFP4 codes (``moet-w2``, ``k3ckpt-mx2``) take the
@@ -87,7 +88,8 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
         parts = {"packed": m.codes, "scale": m.scale}
         return parts, TensorResult(
             **ident, bytes=m.codes.nbytes + m.scale.nbytes, stats=m.stats,
-            max_row_bias=_relative(m.max_row_bias, m.stats), source_zero_fraction=m.source_zeros / (2 * p.size) if p.size else 0.0,
+            max_row_bias=_relative(m.max_row_bias, m.stats),
+            source_zero_fraction=m.source_zeros / (2 * p.size) if p.size else 0.0,
             code_histogram=m.code_histogram, scale_changes=m.scale_changes if method == "refit" else None)
     fmt = get_format(format)
     parts = _encode(fmt, method, p, s, name)

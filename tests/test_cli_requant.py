@@ -94,9 +94,11 @@ def test_resume_after_kill(k3_tiny, tmp_path):
     with open_checkpoint(k3_tiny) as c:
         requant_checkpoint(c, dst, workers=1, progress=False, max_shard_bytes=1_500_000, resume=True)
         requant_checkpoint(c, tmp_path / "clean", workers=1, progress=False, max_shard_bytes=1_500_000)
-    assert not list(dst.glob(".*"))
+    assert not list(dst.rglob(".*.partial"))
+    assert sorted(p.name for p in dst.glob(".*")) == [".k3ckpt-results"]   # kept: a later --resume reads it
 
     def files(d):
-        return {p.name: p.read_bytes() for p in d.iterdir() if p.name != "k3ckpt-manifest.json"}
+        return {p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*")
+                if p.is_file() and p.name != "k3ckpt-manifest.json"}
 
     assert files(dst) == files(tmp_path / "clean")

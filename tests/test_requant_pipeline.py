@@ -151,6 +151,33 @@ def test_resume_after_failure_is_byte_identical(k3_tiny, k3_refit, tmp_path):
     # a resume of a finished run changes nothing
     run(k3_tiny, dst, resume=True)
     assert folder_bytes(dst) == folder_bytes(full)
+    # results live beside the shards, not in the manifest (which would grow with the checkpoint)
+    assert not [k for k in manifest["extra"] if k.startswith("results")]
+    saved = sorted(p.name for p in (dst / ".k3ckpt-results").iterdir())
+    assert saved == sorted(f"{n}.json" for n in finals + [n for n in manifest["files"] if n.endswith(
+        ".safetensors") and n not in finals])
+    assert {f".k3ckpt-results/{n}" for n in saved} <= set(manifest["files"])
+
+
+def test_resume_rewrites_a_shard_whose_results_are_lost(k3_tiny, k3_refit, tmp_path):
+    _, full = k3_refit
+    dst = tmp_path / "out"
+    seen = []
+
+    def boom(r):
+        seen.append(r.name)
+        if len(seen) == 40:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError):
+        run(k3_tiny, dst, on_result=boom)
+    finals = sorted(p.name for p in dst.glob("*.safetensors"))
+    assert len(finals) >= 2
+    (dst / ".k3ckpt-results" / f"{finals[0]}.json").unlink()
+    (dst / ".k3ckpt-results" / f"{finals[1]}.json").write_text("[]")     # hash no longer matches
+    again = run(k3_tiny, dst, resume=True)
+    assert set(again.resumed_shards) == set(finals[2:])
+    assert folder_bytes(dst) == folder_bytes(full) and again.results == run(k3_tiny, tmp_path / "c").results
 
 
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):

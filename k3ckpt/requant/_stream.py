@@ -2,9 +2,11 @@
 
 Weights are submitted in plan order with at most ``2 x workers`` in flight
 and their outputs written as they come back, in the same order; copies are
-streamed in chunks between them.  Each shard's results are saved in the
-manifest just before the shard is recorded as final, so a resumed run can
-rebuild the report without recomputing finished shards.
+streamed in chunks between them.  Each shard's results are saved in a file of
+their own (``.k3ckpt-results/SHARD.json``, listed in the manifest) just before
+the shard is recorded as final, so a resumed run can rebuild the report
+without recomputing finished shards.  (In the manifest itself they would make
+it grow with the checkpoint: about 200 MB for K3, rewritten after every shard.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,23 @@ import numpy as np
 from .plan import RequantPlan
 from .results import TensorResult
 
-RESULTS_KEY = "results:"
+RESULTS_DIR = ".k3ckpt-results"
+
+
+def results_file(shard: str) -> str:
+    """Where the per-weight results of ``shard`` are kept, relative to the output folder."""
+    return f"{RESULTS_DIR}/{shard}.json"
+
+
+def saved_results(manifest, shard: str) -> list[TensorResult] | None:
+    """The results saved with final ``shard``; None when they are missing or do not match the
+    manifest's hash (the shard is then written again)."""
+    import json
+
+    rel = results_file(shard)
+    if not manifest.verify(rel):
+        return None
+    return [TensorResult.from_dict(d) for d in json.loads((manifest.root / rel).read_bytes())]
 
 
 def _shard_results(plan: RequantPlan, writer) -> dict[str, list[int]]:
@@ -99,11 +117,14 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
     """Write every output tensor of ``plan`` into ``dst``; fills ``results``; returns the shard names."""
     from tqdm import tqdm
 
-    from ..io.writer import ShardedWriter
+    from ..io.writer import ShardedWriter, atomic_write_json
 
     def on_final(path: Path) -> None:
         # Results first, then the record: a shard listed as final always has its results saved.
-        manifest.put(RESULTS_KEY + path.name, [results[i].to_dict() for i in per_shard[path.name]])
+        rel = results_file(path.name)
+        (dst / RESULTS_DIR).mkdir(exist_ok=True)
+        atomic_write_json(dst / rel, [results[i].to_dict() for i in per_shard[path.name]], indent=None)
+        manifest.record(rel)
         manifest.record(path.name, sha256=writer.sha256[path.name])
 
     with ShardedWriter(dst, list(plan.specs), max_shard_bytes=max_shard_bytes, done_shards=done_shards,

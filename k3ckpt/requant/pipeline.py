@@ -9,8 +9,8 @@ size.  Results are written in plan order, so the bytes never depend on the
 worker count or on timing.
 
 Resume: ``k3ckpt-manifest.json`` (``RunManifest``) records the job's options
-and source, each final shard with its sha256, and the per-weight results of
-the weights whose outputs lie in that shard.  A rerun with ``resume=True``
+and source, each final shard with its sha256, and beside each shard a file
+with the per-weight results of the weights whose outputs lie in it.  A rerun with ``resume=True``
 skips final shards (``done_shards``) and recomputes only what is missing;
 the output is byte-identical to an uninterrupted run.  Different options or
 another source: ``ResumeMismatchError``.  Nothing partial ever carries a final
@@ -156,14 +156,17 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
         plan, allocation, kept_results = _allocate(ckpt, plan, manifest, target_bpw, workers=workers,
                                                    progress=progress, format=format, experts=experts,
                                                    tensor_type=tensor_type, layout=layout)
-    done = [n for n in manifest.records if n.endswith(".safetensors") and manifest.done(n)]
+    from ._stream import saved_results, stream
+
     results: dict[int, TensorResult] = {}
     by_name = {w.name: w.index for w in plan.weights}
-    from ._stream import RESULTS_KEY, stream
-
-    for shard in done:
-        for d in manifest.get(RESULTS_KEY + shard, []):
-            r = TensorResult.from_dict(d)
+    done = []
+    for shard in (n for n in manifest.records if n.endswith(".safetensors") and manifest.done(n)):
+        saved = saved_results(manifest, shard)
+        if saved is None:
+            continue     # its results are gone: write the shard again
+        done.append(shard)
+        for r in saved:
             if r.name in by_name:
                 results[by_name[r.name]] = r
 

@@ -374,7 +374,7 @@ def test_allocate_equal_sizes_keeps_the_worst():
         allocate(cands, 2.0)
 
 
-def test_target_bpw_mixes_formats_and_resumes(k3_tiny, tmp_path):
+def test_target_bpw_mixes_formats_and_resumes(k3_tiny, tmp_path, monkeypatch):
     r = run(k3_tiny, tmp_path / "t", target_bpw=2.5)
     assert r.bits_per_weight == pytest.approx(2.5, abs=0.03) and r.bits_per_weight <= 2.5
     assert r.allocation["bpw"] == r.bits_per_weight and len(r.results) == 72
@@ -399,6 +399,13 @@ def test_target_bpw_mixes_formats_and_resumes(k3_tiny, tmp_path):
 
     with pytest.raises(RuntimeError):
         run(k3_tiny, tmp_path / "r", target_bpw=2.5, on_result=boom)
+    assert (tmp_path / "r" / ".k3ckpt-results" / "allocation.json").is_file()
+    from k3ckpt.requant import _stream
+
+    def no_measure(*a, **k):
+        raise AssertionError("a resumed run measured again")
+
+    monkeypatch.setattr(_stream, "measure", no_measure)
     run(k3_tiny, tmp_path / "r", target_bpw=2.5, resume=True)
     assert folder_bytes(tmp_path / "r") == folder_bytes(tmp_path / "t")
 

@@ -27,15 +27,30 @@ def results_file(shard: str) -> str:
     return f"{RESULTS_DIR}/{shard}.json"
 
 
-def saved_results(manifest, shard: str) -> list[TensorResult] | None:
-    """The results saved with final ``shard``; None when they are missing or do not match the
-    manifest's hash (the shard is then written again)."""
+def save_state(manifest, rel: str, obj) -> None:
+    """Job state too large for the manifest: a JSON file under the output folder, written
+    atomically and listed in the manifest with its hash."""
+    from ..io.writer import atomic_write_json
+
+    (manifest.root / rel).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(manifest.root / rel, obj, indent=None)
+    manifest.record(rel)
+
+
+def load_state(manifest, rel: str):
+    """What ``save_state`` saved under ``rel``; None when it is missing or fails its hash."""
     import json
 
-    rel = results_file(shard)
     if not manifest.verify(rel):
         return None
-    return [TensorResult.from_dict(d) for d in json.loads((manifest.root / rel).read_bytes())]
+    return json.loads((manifest.root / rel).read_bytes())
+
+
+def saved_results(manifest, shard: str) -> list[TensorResult] | None:
+    """The results saved with final ``shard``; None when they are lost (the shard is then
+    written again)."""
+    saved = load_state(manifest, results_file(shard))
+    return None if saved is None else [TensorResult.from_dict(d) for d in saved]
 
 
 def _shard_results(plan: RequantPlan, writer) -> dict[str, list[int]]:
@@ -117,14 +132,11 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
     """Write every output tensor of ``plan`` into ``dst``; fills ``results``; returns the shard names."""
     from tqdm import tqdm
 
-    from ..io.writer import ShardedWriter, atomic_write_json
+    from ..io.writer import ShardedWriter
 
     def on_final(path: Path) -> None:
         # Results first, then the record: a shard listed as final always has its results saved.
-        rel = results_file(path.name)
-        (dst / RESULTS_DIR).mkdir(exist_ok=True)
-        atomic_write_json(dst / rel, [results[i].to_dict() for i in per_shard[path.name]], indent=None)
-        manifest.record(rel)
+        save_state(manifest, results_file(path.name), [results[i].to_dict() for i in per_shard[path.name]])
         manifest.record(path.name, sha256=writer.sha256[path.name])
 
     with ShardedWriter(dst, list(plan.specs), max_shard_bytes=max_shard_bytes, done_shards=done_shards,

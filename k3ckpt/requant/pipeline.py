@@ -191,12 +191,13 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool, **plan_kw):
     """Measure every planned weight, choose which stay MXFP4, and re-plan with them kept.
 
-    The choice is stored in the manifest, so a resumed run does not measure again."""
-    from ._stream import measure
+    The choice is saved beside the manifest, so a resumed run does not measure again."""
+    from ._stream import RESULTS_DIR, load_state, measure, save_state
     from .allocate import Candidate, allocate
     from .metrics import ErrorStats
 
-    saved = manifest.get("allocation")
+    state = f"{RESULTS_DIR}/allocation.json"
+    saved = load_state(manifest, state)
     if saved is None:
         measured = measure(ckpt, list(plan.weights), workers=workers, src_path=_local_path(ckpt),
                            progress=progress)
@@ -208,7 +209,7 @@ def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: 
         alloc = allocate(cands, target_bpw)
         kept = [measured[w.index] for unit in sorted(alloc.keep) for w in plan.units()[unit]]
         saved = {**alloc.to_dict(), "kept_results": [r.to_dict() for r in kept]}
-        manifest.put("allocation", saved)
+        save_state(manifest, state, saved)
     kept_units = set(saved["keep"])
     keep_names = {w.name for unit, ws in plan.units().items() if unit in kept_units for w in ws}
     by_name = {w.name: w for w in plan.weights}

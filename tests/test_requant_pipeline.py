@@ -426,3 +426,30 @@ def test_dequant_counts_mx2_nan_blocks(tmp_path):
         f.write(bytes([(b & 0xC0) | 63]))
     d = api.dequant(tmp_path / "mx2", tmp_path / "d", dtype="f32")
     assert d.nan_blocks == {w.name: 1} and len(d.decoded) == 6
+
+
+def test_verify_checks_a_requant_output(k3_refit, tmp_path):
+    """k3ckpt verify: every file of a requant output (results files included) against the
+    manifest; a changed byte or a stray file is reported; --source is refused with a reason."""
+    import shutil
+
+    from k3ckpt.errors import UsageError
+    from k3ckpt.shard.verify import verify_output
+
+    _, full = k3_refit
+    dst = tmp_path / "copy"
+    shutil.copytree(full, dst)
+    r = verify_output(dst)
+    assert r.ok and r.files_checked == len(json.loads((dst / "k3ckpt-manifest.json").read_text())["files"])
+    shard = next(dst.glob("*.safetensors"))
+    with open(shard, "r+b") as f:
+        f.seek(shard.stat().st_size - 1)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    (dst / "notes.txt").write_text("mine")
+    problems = verify_output(dst).problems
+    assert any(shard.name in p and "sha256" in p for p in problems)
+    assert any("notes.txt" in p and "not listed" in p for p in problems)
+    with pytest.raises(UsageError, match="by design"):
+        verify_output(dst, source=full)

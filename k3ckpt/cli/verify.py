@@ -1,4 +1,4 @@
-"""``k3ckpt verify DST [--source SRC]``: re-read a shard output against its manifests."""
+"""``k3ckpt verify DST [--source SRC]``: re-read a shard or requant output against its manifests."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ class VerifyFailed(click.ClickException):
 @click.option("--source", "src", default=None, metavar="SRC", help="Also compare every output with this checkpoint.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def command(dst, src, as_json):
-    """Check every file in DST against the run manifest (size, sha256), every pack record
-    against its pack manifest, and with --source every tensor and record against SRC.
-    Exit status 1 when something differs."""
+    """Check every file in DST (a shard or requant output) against the run manifest (size,
+    sha256), every pack record against its pack manifest, and, for a shard output, with
+    --source every tensor and record against SRC.  Exit status 1 when something differs."""
     from ..shard.verify import verify_output
 
     if src is not None:

@@ -1,4 +1,5 @@
-"""``k3ckpt verify``: re-read a ``k3ckpt shard`` output against its manifests (and the source).
+"""``k3ckpt verify``: re-read a ``k3ckpt shard`` output against its manifests (and the source);
+a ``k3ckpt requant`` output against its manifest.
 
 Without a source: every file the run manifest lists must exist with its size
 and sha256; nothing unlisted may sit beside them; every k3ckpt pack record
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InvalidFileError, NotFoundError
+from ..errors import InvalidFileError, NotFoundError, UsageError
 from ..io.manifest import MANIFEST_NAME, RunManifest, sha256_file
 from ..io.reader import Checkpoint, open_checkpoint
 from .packs import ExpertPack, sha256_bytes
@@ -63,8 +64,12 @@ def verify_output(dst, *, source: Checkpoint | str | os.PathLike | None = None) 
     if not root.is_dir():
         raise NotFoundError("no such output folder", file=str(root))
     manifest = RunManifest.load(root)
-    if manifest._data.get("job") != "shard":
-        raise InvalidFileError(f"the manifest is of job {manifest._data.get('job')!r}, not 'shard'", file=str(root))
+    job = manifest._data.get("job")
+    if job not in ("shard", "requant"):
+        raise InvalidFileError(f"the manifest is of job {job!r}, not 'shard' or 'requant'", file=str(root))
+    if job == "requant" and source is not None:
+        raise UsageError("--source compares a shard output with its source; a requant output changes its "
+                         "experts by design, so it is checked against its manifest only", file=str(root))
     c = _Checker(root)
     if manifest.state != "complete":
         c.bad(f"the run is not complete (state {manifest.state!r}): resume it with --resume")

@@ -123,19 +123,24 @@ def test_dequant_decodes_the_output(k3_refit, tmp_path):
             "text_config"]
 
 
-def test_resume_after_failure_is_byte_identical(k3_tiny, k3_refit, tmp_path):
-    _, full = k3_refit
-    dst = tmp_path / "out"
+def crash_after(src, dst, n: int, **kw) -> list[str]:
+    """Run requant into ``dst`` and fail it at the ``n``-th result; the final shards it left."""
     seen = []
 
     def boom(r):
         seen.append(r.name)
-        if len(seen) == 40:
+        if len(seen) == n:
             raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated"):
-        run(k3_tiny, dst, on_result=boom)
-    finals = sorted(p.name for p in dst.glob("*.safetensors"))
+        run(src, dst, on_result=boom, **kw)
+    return sorted(p.name for p in dst.glob("*.safetensors"))
+
+
+def test_resume_after_failure_is_byte_identical(k3_tiny, k3_refit, tmp_path):
+    _, full = k3_refit
+    dst = tmp_path / "out"
+    finals = crash_after(k3_tiny, dst, 40)
     assert finals and not list(dst.glob(".*.partial")) and not (dst / "config.json").exists()
     for name in finals:   # whatever carries a final name is complete
         assert read_header(dst / name).file_size == (dst / name).stat().st_size
@@ -162,16 +167,7 @@ def test_resume_after_failure_is_byte_identical(k3_tiny, k3_refit, tmp_path):
 def test_resume_rewrites_a_shard_whose_results_are_lost(k3_tiny, k3_refit, tmp_path):
     _, full = k3_refit
     dst = tmp_path / "out"
-    seen = []
-
-    def boom(r):
-        seen.append(r.name)
-        if len(seen) == 40:
-            raise RuntimeError("simulated crash")
-
-    with pytest.raises(RuntimeError):
-        run(k3_tiny, dst, on_result=boom)
-    finals = sorted(p.name for p in dst.glob("*.safetensors"))
+    finals = crash_after(k3_tiny, dst, 40)
     assert len(finals) >= 2
     (dst / ".k3ckpt-results" / f"{finals[0]}.json").unlink()
     (dst / ".k3ckpt-results" / f"{finals[1]}.json").write_text("[]")     # hash no longer matches
@@ -390,15 +386,7 @@ def test_target_bpw_mixes_formats_and_resumes(k3_tiny, tmp_path, monkeypatch):
     worst = sorted(full.values(), key=lambda x: -x.stats.err_rms)[: len(kept)]
     assert {x.name for x in kept} == {x.name for x in worst}
     # resuming reuses the stored allocation and gives the same bytes
-    seen = []
-
-    def boom(res):
-        seen.append(res)
-        if len(seen) == 20:
-            raise RuntimeError("simulated crash")
-
-    with pytest.raises(RuntimeError):
-        run(k3_tiny, tmp_path / "r", target_bpw=2.5, on_result=boom)
+    crash_after(k3_tiny, tmp_path / "r", 20, target_bpw=2.5)
     assert (tmp_path / "r" / ".k3ckpt-results" / "allocation.json").is_file()
     from k3ckpt.requant import _stream
 

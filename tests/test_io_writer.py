@@ -285,3 +285,36 @@ def test_hash_shards_abort_stops_the_hasher(tmp_path):
     w.abort()
     assert not [t for t in threading.enumerate() if t.name == "k3ckpt-hash"]
     assert _listing(tmp_path) == []
+
+
+def test_hash_shards_do_not_hold_up_writing(tmp_path, monkeypatch):
+    """A shard's hash finishes on its own thread: later shards are written meanwhile, and its
+    on_shard_final runs once the digest is ready (in finalize order), at the latest at close()."""
+    import hashlib
+    import threading
+
+    from k3ckpt.io import _prefix_hash
+
+    gate = threading.Event()
+    run = _prefix_hash.PrefixHasher._run
+    first = []
+
+    def slow_run(self):
+        if not first:        # only the first shard's hasher waits
+            first.append(self)
+            gate.wait(10)
+        run(self)
+
+    monkeypatch.setattr(_prefix_hash.PrefixHasher, "_run", slow_run)
+    data = {s.name: _rng_bytes(s.nbytes, i) for i, s in enumerate(SPECS)}
+    seen = []
+    w = ShardedWriter(tmp_path, SPECS, max_shard_bytes=300, hash_shards=True,
+                      on_shard_final=lambda p: seen.append(p.name))
+    for s in SPECS:
+        w.write(s.name, data[s.name])
+    assert all((tmp_path / n).is_file() for n in w.shards) and seen == []   # final, not yet reported
+    gate.set()
+    w.close()
+    assert seen == w.shards
+    for n in w.shards:
+        assert w.sha256[n] == hashlib.sha256((tmp_path / n).read_bytes()).hexdigest()

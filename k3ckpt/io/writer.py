@@ -151,8 +151,11 @@ class ShardedWriter:
     (``needs(name)`` is False) and an existing index is replaced at close.
     ``on_shard_final(path)`` runs after each shard is renamed to its final name
     (e.g. to record it in a ``RunManifest``).  With ``hash_shards`` each shard's
-    sha256 is computed while it is written (``PrefixHasher``) and is in
-    ``sha256[name]`` by the time ``on_shard_final`` runs.
+    sha256 is computed while it is written (``PrefixHasher``) and finished on
+    its own thread after the rename, so writing goes on; ``on_shard_final``
+    then runs once ``sha256[name]`` is ready, from a later write or at
+    ``close()``.  A shard whose hash was still running at ``abort()`` keeps
+    its final name (it is complete) but is never reported.
     """
 
     def __init__(
@@ -236,6 +239,7 @@ class ShardedWriter:
         self._aborted = False
         self._on_shard_final = on_shard_final
         self._hash_shards = bool(hash_shards)
+        self._hashing: list[_Shard] = []     # final, hash still running (in finalize order)
         self.sha256: dict[str, str] = {}
         self._resume_done(done_shards)
 
@@ -382,6 +386,8 @@ class ShardedWriter:
                 self._advance_hash(sh)
             if not sh.pending and sh.inflight == 0 and not sh.done:
                 self._finalize(sh)
+            elif self._hashing:
+                self._report_hashed(wait=False)
 
     def _advance_hash(self, sh: _Shard) -> None:
         """Tell the shard's hasher how far its bytes are written without a gap (lock held)."""
@@ -410,14 +416,9 @@ class ShardedWriter:
             assert size == sh.file_size, (sh.name, size, sh.file_size)
             os.fsync(fd)
             os.fchmod(fd, _FILE_MODE)
-            if sh.hasher is not None:
-                self.sha256[sh.name] = sh.hasher.hexdigest()
         finally:
             os.close(fd)
             sh.fd = None
-            if sh.hasher is not None:
-                sh.hasher.close()
-                sh.hasher = None
         os.replace(sh.tmp, sh.final)
         _fsync_dir(self.dst_dir)
         sh.done = True
@@ -425,8 +426,24 @@ class ShardedWriter:
         # our strict rules and describe exactly this file.
         h = read_header(sh.final)
         assert h.file_size == sh.file_size and set(h.tensors) == set(sh.tensors), sh.name
-        if self._on_shard_final is not None:
+        if sh.hasher is not None:
+            # Its hash may lag the writes: it finishes on its own thread while later shards are
+            # written, and on_shard_final runs once it is ready (_report_hashed).
+            sh.hasher.finish()
+            self._hashing.append(sh)
+            self._report_hashed(wait=False)
+        elif self._on_shard_final is not None:
             self._on_shard_final(sh.final)
+
+    def _report_hashed(self, *, wait: bool) -> None:
+        """Record the digests that are ready (all of them with ``wait``) and run on_shard_final
+        for their shards, in the order the shards turned final (lock held)."""
+        while self._hashing and (wait or self._hashing[0].hasher.ready()):
+            sh = self._hashing.pop(0)
+            self.sha256[sh.name] = sh.hasher.hexdigest()
+            sh.hasher = None
+            if self._on_shard_final is not None:
+                self._on_shard_final(sh.final)
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet complete, with the number of bytes still unwritten."""
@@ -456,6 +473,7 @@ class ShardedWriter:
                 for sh in self._shards.values():
                     if not sh.done:
                         self._finalize(sh)
+                self._report_hashed(wait=True)
             if self.write_index:
                 index = {"metadata": {"total_size": self.total_size}, "weight_map": dict(self.shard_of)}
                 atomic_write_bytes(self.index_path,
@@ -474,11 +492,12 @@ class ShardedWriter:
                 if sh.fd is not None:
                     os.close(sh.fd)
                     sh.fd = None
-                if sh.hasher is not None:
+                if sh.hasher is not None:   # final but not yet hashed shards stay unreported
                     sh.hasher.close()
                     sh.hasher = None
                 if not sh.done:
                     sh.tmp.unlink(missing_ok=True)
+            self._hashing.clear()
             self.index_path.with_name(f".{self.index_path.name}.partial").unlink(missing_ok=True)
 
     def __enter__(self) -> ShardedWriter:

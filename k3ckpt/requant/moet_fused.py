@@ -141,7 +141,7 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
                 out[r, blk * 8 + j] = lut[packed[r, p0 + 2 * j]] | (lut[packed[r, p0 + 2 * j + 1]] << 4)
             for m in range(16):
                 used[best, m] += h[m]
-            if s > 252 or new_s > 252:
+            if s > _FAST_MAX_SCALE or new_s > _FAST_MAX_SCALE:
                 # Values may overflow float32: the metric's own per-element step on the decoded block.
                 f = e8m0[s]
                 g = e8m0[new_s]

@@ -216,6 +216,18 @@ def test_json_round_trip(tmp_path):
     assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".")]
 
 
+def test_streamed_json_is_the_same_text():
+    """write_report streams the JSON (json_chunks over lazy tensor rows): same text as dump_json,
+    also with no tensor rows at all."""
+    from k3ckpt.requant.report import json_chunks
+
+    results, _ = _make()
+    for rep in (build_report(results, META, worst_n=5), build_report(results[:0], META)):
+        text = dump_json(rep.to_json())
+        assert "".join(json_chunks(rep.to_json(lazy=True))) == text
+        assert json.loads(text)["tensors"] == [json.loads(json.dumps(t)) for t in rep.to_json()["tensors"]]
+
+
 def test_tensor_json_matches_tensor_result_to_dict():
     results, _ = _make(layers=(1,), experts=1)
     x = np.ones((2, 32), np.float32)

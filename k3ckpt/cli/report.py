@@ -18,13 +18,14 @@ def command(path, as_json, worst_n):
     and the worst experts; the folder's requant_report.md and .svg hold the
     per-layer table and the heatmap.
     """
-    from ..requant.report import dump_json, load_report, render_text, resolve_report_path, with_worst
+    from ..requant.report import json_chunks, load_report, render_text, resolve_report_path, with_worst
 
     report = load_report(path)
     if worst_n is not None and worst_n != report.worst_n:
         report = with_worst(report, worst_n)
     if as_json:
-        click.echo(dump_json(report.to_json()), nl=False)
+        for chunk in json_chunks(report.to_json(lazy=True)):
+            click.echo(chunk, nl=False)
         return
     click.echo(render_text(report))
     svg = resolve_report_path(path).with_name("requant_report.svg")

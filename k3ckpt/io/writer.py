@@ -19,7 +19,7 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -114,13 +114,19 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """``data`` under ``path``: a hidden temporary beside it, fsync, mode 0644,
     rename; a reader sees the old file or the whole new one, never a part."""
+    atomic_write_chunks(path, (data,))
+
+
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[bytes | str]) -> None:
+    """``atomic_write_bytes`` of the concatenated ``chunks`` (str as UTF-8), written as they
+    come, so a large file never has to sit in memory whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        with open(fd, "wb", closefd=False, buffering=1 << 20) as f:
+            for c in chunks:
+                f.write(c.encode("utf-8") if isinstance(c, str) else c)
         os.fsync(fd)
         os.fchmod(fd, _FILE_MODE)
     except BaseException:

@@ -439,10 +439,17 @@ class Format:
         return out
 
 
+_BUILTIN_LOADED = False
+
+
 def _load_builtin() -> None:
     # Importing the package imports every built-in format module (they register
-    # on import); numba stays unimported until a kernel first runs.
-    importlib.import_module(__package__)
+    # on import); numba stays unimported until a kernel first runs.  Once is
+    # enough: a plan for K3 asks for formats half a million times.
+    global _BUILTIN_LOADED
+    if not _BUILTIN_LOADED:
+        importlib.import_module(__package__)
+        _BUILTIN_LOADED = True
 
 
 def get_format(format_id: str) -> Format:

@@ -318,3 +318,33 @@ def test_hash_shards_do_not_hold_up_writing(tmp_path, monkeypatch):
     assert seen == w.shards
     for n in w.shards:
         assert w.sha256[n] == hashlib.sha256((tmp_path / n).read_bytes()).hexdigest()
+
+
+def test_abort_reports_shards_whose_hash_was_running(tmp_path, monkeypatch):
+    """A shard already final when the run fails is still reported (after its hash is done), so
+    a resumed run keeps it; unfinished shards leave nothing behind."""
+    import threading
+
+    from k3ckpt.io import _prefix_hash
+
+    gate = threading.Event()
+    run = _prefix_hash.PrefixHasher._run
+
+    def slow_run(self):
+        gate.wait(10)
+        run(self)
+
+    monkeypatch.setattr(_prefix_hash.PrefixHasher, "_run", slow_run)
+    seen = []
+    w = ShardedWriter(tmp_path, SPECS, max_shard_bytes=300, hash_shards=True,
+                      on_shard_final=lambda p: seen.append((p.name, w.sha256[p.name])))
+    first = w.shards[0]
+    for s in SPECS:
+        if w.shard_of[s.name] == first:
+            w.write(s.name, _rng_bytes(s.nbytes))
+    w.write_chunk("head", 0, _rng_bytes(8))      # another shard, left unfinished
+    assert seen == [] and (tmp_path / first).is_file()
+    threading.Timer(0.2, gate.set).start()
+    w.abort()
+    assert [n for n, _ in seen] == [first]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first]

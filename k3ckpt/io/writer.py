@@ -159,9 +159,8 @@ class ShardedWriter:
     (e.g. to record it in a ``RunManifest``).  With ``hash_shards`` each shard's
     sha256 is computed while it is written (``PrefixHasher``) and finished on
     its own thread after the rename, so writing goes on; ``on_shard_final``
-    then runs once ``sha256[name]`` is ready, from a later write or at
-    ``close()``.  A shard whose hash was still running at ``abort()`` keeps
-    its final name (it is complete) but is never reported.
+    then runs once ``sha256[name]`` is ready, from a later write, at
+    ``close()`` or at ``abort()``.
     """
 
     def __init__(
@@ -491,19 +490,25 @@ class ShardedWriter:
         return [self._shards[n].final for n in self.shards] + ([self.index_path] if self.write_index else [])
 
     def abort(self) -> None:
-        """Remove temporary files; final names are never touched."""
+        """Remove temporary files; final names are never touched.  Shards already final whose
+        hash was still running are waited for and reported (best effort), so a resumed run
+        keeps them."""
         with self._lock:
             self._aborted = True
+            while self._hashing:    # each pass takes at least one shard off the list
+                try:
+                    self._report_hashed(wait=True)
+                except Exception:   # noqa: BLE001  (the caller's own error is the one to see)
+                    pass
             for sh in self._shards.values():
                 if sh.fd is not None:
                     os.close(sh.fd)
                     sh.fd = None
-                if sh.hasher is not None:   # final but not yet hashed shards stay unreported
+                if sh.hasher is not None:
                     sh.hasher.close()
                     sh.hasher = None
                 if not sh.done:
                     sh.tmp.unlink(missing_ok=True)
-            self._hashing.clear()
             self.index_path.with_name(f".{self.index_path.name}.partial").unlink(missing_ok=True)
 
     def __enter__(self) -> ShardedWriter:

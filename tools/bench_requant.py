@@ -12,7 +12,10 @@ the ggml rule (gguf-py ``quantize``), reported beside it.  Errors are against
 the decoded MXFP4 values, with ``requant.metrics.error_stats``.
 
 Rows: ``keep-scales`` (the vLLM-Moet runtime map, scales unchanged), ``refit``
-(least-squares E8M0 exponent per block), ``mx2`` (k3ckpt MX2: four per-tensor
+(least-squares E8M0 exponent per block; in the speed table also ``refit+report``,
+the one-pass kernel that gives the codes and every report number, beside the
+same job done ``separately`` as before it: encode, two decodes, metric, counts),
+``mx2`` (k3ckpt MX2: four per-tensor
 level sets), and the best-quality format ``iq2xs`` (llama.cpp IQ2_XS, 2.3125
 bpw, when K is a multiple of 256; ``tools/bench_iq2xs.py`` adds llama.cpp's
 own quantizer beside it); bounds: Shannon D(R) at 2.25 bpw for an iid Gaussian (13.55 dB;
@@ -45,8 +48,9 @@ from k3ckpt.formats.iq2xs import QK as IQ2XS_QK  # noqa: E402
 from k3ckpt.formats.iq2xs import decode_iq2xs  # noqa: E402
 from k3ckpt.formats.moet_w2 import decode_w2  # noqa: E402
 from k3ckpt.formats.mx2 import decode_mx2  # noqa: E402
-from k3ckpt.requant import iq2xs, moet, mx2  # noqa: E402
-from k3ckpt.requant.metrics import error_stats  # noqa: E402
+from k3ckpt.requant import iq2xs, moet, mx2, tensor_stats  # noqa: E402
+from k3ckpt.requant.metrics import error_stats, error_stats_rows  # noqa: E402
+from k3ckpt.requant.moet_fused import requant_moet, requant_moet_reference  # noqa: E402
 
 SHANNON_DB = 10 * math.log10(2 ** (2 * 2.25))      # D(R) = 2^-2R at R = 2.25: 13.55 dB
 REFERENCE_DB = {"keep-scales": (9.04, 7.62), "refit": (9.19, 8.09)}   # brief / REQUANT.md 1b (ggml proxy)
@@ -141,12 +145,23 @@ def refit_brute_force_gap(packed, scale, blocks: int, seed: int) -> float:
     return 10 * math.log10(energy / got) - 10 * math.log10(energy / brute)
 
 
+def refit_and_report_separately(packed, scale):
+    """What ``k3ckpt requant`` did per moet-w2 weight before the one-pass kernel: encode, decode
+    the source and the output to float32, the metric, then the zero and code counts."""
+    codes, new_scale = moet.encode_refit(packed, scale)
+    stats = error_stats_rows(mxfp4.decode_pair(packed, scale), decode_w2(codes, new_scale))
+    return stats, tensor_stats.zero_codes(packed), tensor_stats.code_histogram(codes)
+
+
 def speeds(packed, scale, repeat: int, ref_rows: int) -> dict:
     w = packed.size * 2
     out = {}
     schemes = [
         ("keep-scales", moet.encode_keep_scales, moet.encode_keep_scales_reference, ref_rows),
         ("refit", moet.encode_refit, moet.encode_refit_reference, ref_rows),
+        # the whole per-weight job of requant --format moet-w2: codes and every report number
+        ("refit+report", requant_moet, requant_moet_reference, ref_rows),
+        ("  separately", refit_and_report_separately, requant_moet_reference, ref_rows),
         ("mx2", mx2.encode, mx2.encode_reference, ref_rows),
     ]
     if (2 * packed.shape[1]) % IQ2XS_QK == 0:   # its numpy reference is slow: two rows

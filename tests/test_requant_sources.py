@@ -79,6 +79,33 @@ def converted(built, tmp_path_factory):
     return get
 
 
+def _group_parts_one_by_one(ckpt, profile, extra_rx=()):
+    """group_parts as Profile.classify gives it name by name (the plain reference)."""
+    from k3ckpt.profiles.roles import Role
+
+    groups, meta = {}, {}
+    for name, e in ckpt.tensors.items():
+        tr = profile.classify(name, e.dtype)
+        routed = tr.role == Role.ROUTED_EXPERT
+        if tr.part == "bias" or not (routed or (extra_rx and tr.storage in sources.MXFP4_SOURCES)):
+            continue
+        groups.setdefault(tr.weight, {})[tr.part] = (name, e.dtype, tr.storage)
+        meta.setdefault(tr.weight, (tr.layer, tr.expert, tr.projection, routed))
+    return groups, meta
+
+
+@pytest.mark.parametrize("extra_rx", [(), (r"self_attn",)])
+def test_group_parts_in_one_pass_equals_classify_name_by_name(built, k3_tiny, extra_rx):
+    from k3ckpt.profiles import detect
+
+    for path in [*built.values(), k3_tiny]:
+        with open_checkpoint(path) as ck:
+            profile = detect(ck.config, ck.tensors.keys())
+            got = sources.group_parts(ck, profile, extra_rx)
+            want = _group_parts_one_by_one(ck, profile, extra_rx)
+            assert got == want and list(got[0]) == list(want[0]) and got[0], path
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_source_weights_are_found_and_decoded_in_chunks(built, name, monkeypatch):
     with open_checkpoint(built[name]) as ck:

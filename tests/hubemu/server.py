@@ -56,6 +56,7 @@ class Req:
     sent: int = 0             # body bytes written to the socket
     auth: bool = False        # an Authorization header came with it
     file: str | None = None   # repo path, for resolve requests
+    seq: int = 0              # arrival order (a handler logs its request only once it has answered)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class HubEmulator:
         self.log: list[Req] = []
         self.faults: list[Fault] = []
         self._lock = threading.Lock()
+        self._seq = 0
         self._server: _Server | None = None
         self._cdn: _Server | None = None
         self._store: Path | None = None
@@ -167,8 +169,9 @@ class HubEmulator:
     # -- accounting ------------------------------------------------------------
 
     def requests(self, kind: str | None = None) -> list[Req]:
+        """Logged requests (of ``kind``) in the order they arrived."""
         with self._lock:
-            return [r for r in self.log if kind is None or r.kind == kind]
+            return sorted((r for r in self.log if kind is None or r.kind == kind), key=lambda r: r.seq)
 
     def settled_requests(self, kind: str, at_least: int, *, wait: float = 5.0) -> list[Req]:
         """``requests(kind)`` once at least ``at_least`` are logged (or ``wait`` seconds
@@ -228,6 +231,11 @@ class HubEmulator:
         with self._lock:
             self.log.append(req)
 
+    def _arrived(self) -> int:
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
 
 def _parse_range(value: str | None, size: int) -> tuple[int, int] | None | str:
     """``(start, end)`` inclusive, None (serve everything), or "unsatisfiable"."""
@@ -286,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         raw = url.path.split("/")[1:]
         req = Req(method, self.path, "other", auth=self.headers.get("Authorization") is not None,
-                  range=self.headers.get("Range"))
+                  range=self.headers.get("Range"), seq=self.emu._arrived())
         body = upload.read_body(self)
         try:
             up = None if self.server.is_cdn else upload.route(self, method, raw)

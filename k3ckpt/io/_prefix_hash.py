@@ -31,6 +31,7 @@ class PrefixHasher:
         self._queued = 0
         self._hash = hashlib.sha256()
         self._error: BaseException | None = None
+        self._abandoned = False
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="k3ckpt-hash", daemon=True)
         self._thread.start()
@@ -61,7 +62,8 @@ class PrefixHasher:
         return self._hash.hexdigest()
 
     def close(self) -> None:
-        """Stop without a result (the file is abandoned)."""
+        """Stop without a result (the file is abandoned): queued work is dropped."""
+        self._abandoned = True
         self._stop()
 
     def _stop(self) -> None:
@@ -74,11 +76,11 @@ class PrefixHasher:
 
     def _run(self) -> None:
         while (item := self._work.get()) is not None:
-            if self._error is not None:
+            if self._error is not None or self._abandoned:
                 continue
             start, end = item
             try:
-                while start < end:
+                while start < end and not self._abandoned:
                     chunk = os.pread(self._fd, min(_CHUNK, end - start), start)
                     if not chunk:
                         raise OSError(f"file ended at {start:,} bytes while hashing up to {end:,}")

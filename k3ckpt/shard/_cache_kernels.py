@@ -216,23 +216,18 @@ def _lru_drop(nxt, prv, k):
 
 
 @njit
-def _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base):
-    """Load ``initial`` (oldest first) into an empty recency list; returns the resident count."""
+def _lru_warm(initial, capacity, heap, score, inside, in_heap, last, nxt, prv, head, tail, nkeys, base):
+    """Load ``initial`` (oldest first, at times ``base + j``) into an empty recency list
+    (nothing is in the heap yet, so ``_admit`` evicts the least recently used); returns
+    the resident count."""
     size = 0
     for j in range(initial.shape[0]):
         k = initial[j]
         if inside[k]:
-            _lru_touch(nxt, prv, head, k, True)
+            _reuse(k, base + j, in_heap, last, nxt, prv, head)
         else:
-            if size == capacity:
-                v = prv[tail]
-                _lru_drop(nxt, prv, v)
-                inside[v] = False
-                size -= 1
-            inside[k] = True
-            size += 1
-            _lru_touch(nxt, prv, head, k, False)
-        last[k] = base + j
+            size = _admit(k, base + j, size, capacity, heap, 0, score, inside, in_heap, last, nxt, prv, head, tail,
+                          nkeys)[0]
     return size
 
 
@@ -319,7 +314,7 @@ def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
     heap = np.empty(m + n + 1, dtype=np.int64)  # heat * nkeys + key, min first
     hsize = 0
     base = -(window + m + 2)
-    size = _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base)
+    size = _lru_warm(initial, capacity, heap, heat, inside, in_heap, last, nxt, prv, head, tail, nkeys, base)
     for t in range(n):
         # age out: residents last used before t - window leave the list for the heap
         hsize = _age_out(t - window, heap, hsize, heat, in_heap, last, nxt, prv, head, tail, nkeys)
@@ -357,7 +352,7 @@ def recent_freq_hits(keys, capacity, initial, prior, window, horizon, unit, nkey
     ev_head = 0
     ev_tail = 0
     base = -(window + m + 2)
-    size = _lru_warm(initial, capacity, inside, last, nxt, prv, head, tail, base)
+    size = _lru_warm(initial, capacity, heap, score, inside, in_heap, last, nxt, prv, head, tail, nkeys, base)
     for t in range(n):
         # runs older than the horizon stop counting
         while ev_head < ev_tail and ev_t[ev_head] < t - horizon:

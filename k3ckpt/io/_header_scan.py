@@ -94,6 +94,16 @@ def _colon(buf, i):
     return _ws(buf, i + 1)
 
 
+@njit(inline="always")
+def _key(buf, i):
+    """(end of the key string at ``i``, start of its value after ':'), or (-1, -1)."""
+    e = _string_end(buf, i)
+    if e < 0:
+        return -1, -1
+    j = _colon(buf, e + 1)
+    return (-1, -1) if j < 0 else (e, j)
+
+
 @njit
 def _after_member(buf, i):
     """After an object member ending at ``i``: (index after '}', True) at the end of
@@ -117,10 +127,7 @@ def _metadata(buf, i):
     if i < buf.shape[0] and buf[i] == 125:
         return i + 1
     while True:
-        e = _string_end(buf, i)
-        if e < 0:
-            return -1
-        i = _colon(buf, e + 1)
+        e, i = _key(buf, i)
         if i < 0:
             return -1
         e = _string_end(buf, i)
@@ -246,10 +253,7 @@ def _scan(buf):
         i += 1
     else:
         while True:
-            e = _string_end(buf, i)
-            if e < 0:
-                return bad
-            j = _colon(buf, e + 1)
+            e, j = _key(buf, i)
             if j < 0:
                 return bad
             if _lit(buf, i, _METADATA_KEY) == e + 1:
@@ -337,10 +341,7 @@ def _scan_index(buf):
     if i < n and buf[i] == 125:
         return bad
     while True:
-        e = _string_end(buf, i)
-        if e < 0:
-            return bad
-        j = _colon(buf, e + 1)
+        e, j = _key(buf, i)
         if j < 0:
             return bad
         if _lit(buf, i, _WEIGHT_MAP_KEY) == e + 1:
@@ -354,12 +355,8 @@ def _scan_index(buf):
                 while True:
                     if k >= cap:
                         return bad
-                    e = _string_end(buf, i)
-                    if e < 0:
-                        return bad
                     pairs[k, 0] = i + 1
-                    pairs[k, 1] = e
-                    i = _colon(buf, e + 1)
+                    pairs[k, 1], i = _key(buf, i)
                     if i < 0:
                         return bad
                     e = _string_end(buf, i)

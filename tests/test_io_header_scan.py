@@ -100,6 +100,17 @@ def test_file_size_rules_agree(monkeypatch):
         _same(raw, monkeypatch, file_size=fs)
 
 
+def _edited(raw: bytes, flips, cuts) -> bytes:
+    """``raw`` with bytes set (position modulo the length, value) and runs deleted (start, length)."""
+    raw = bytearray(raw)
+    for at, v in flips:
+        raw[at % len(raw)] = v
+    for at, k in cuts:
+        at %= len(raw)
+        del raw[at: at + k]
+    return bytes(raw)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 10**6), st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
        st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 20)), max_size=2))
@@ -107,13 +118,8 @@ def test_fuzz_byte_edits_agree(seed, flips, cuts):
     """Random byte changes and deletions of a valid header: both paths agree."""
     mp = pytest.MonkeyPatch()
     try:
-        raw = bytearray(_header(25, seed=seed % 50, metadata={"format": "pt"} if seed % 2 else None))
-        for at, v in flips:
-            raw[at % len(raw)] = v
-        for at, k in cuts:
-            at %= len(raw)
-            del raw[at: at + k]
-        _same(bytes(raw), mp)
+        _same(_edited(_header(25, seed=seed % 50, metadata={"format": "pt"} if seed % 2 else None), flips, cuts),
+              mp)
     finally:
         mp.undo()
 
@@ -172,12 +178,6 @@ def test_index_edits_agree(edit, monkeypatch):
 def test_fuzz_index_edits_agree(flips, cuts):
     mp = pytest.MonkeyPatch()
     try:
-        raw = bytearray(_index(40))
-        for at, v in flips:
-            raw[at % len(raw)] = v
-        for at, k in cuts:
-            at %= len(raw)
-            del raw[at: at + k]
-        _index_same(bytes(raw), mp)
+        _index_same(_edited(_index(40), flips, cuts), mp)
     finally:
         mp.undo()

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import math
-import types
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -146,12 +145,10 @@ def _accumulate_loop(ref, approx):
 def _kernels():
     """(block helper, rows kernel) jitted (or loaded from numba's cache) on first use, so that
     reading a report (``k3ckpt report``) never imports numba."""
-    from .._numba import njit
+    from .._numba import njit, njit_with
 
     block_into = njit(inline="always")(_block_into)
-    loop = types.FunctionType(_accumulate_loop.__code__, {**globals(), "_block_into": block_into},
-                              "_accumulate_loop")
-    return block_into, njit(loop)
+    return block_into, njit_with(_accumulate_loop, _block_into=block_into)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

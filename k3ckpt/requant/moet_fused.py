@@ -195,13 +195,9 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
 
 @functools.cache
 def _kernel():
-    import types
+    from .._numba import njit_with
 
-    from .._numba import njit
-
-    block_into = metrics._kernels()[0]
-    g = {**globals(), "_block_into": block_into}
-    return njit(types.FunctionType(_fused_loop.__code__, g, "_fused_loop"))
+    return njit_with(_fused_loop, _block_into=metrics._kernels()[0])
 
 
 assert tuple(range(8)) == (metrics._SXX, metrics._SYY, metrics._SEE, metrics._SE, metrics._SXY,

@@ -446,7 +446,7 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
         written = writer.close()
     everything = not any(True for w in weights if w not in todo) and not undecodable
     if ckpt.config is not None:
-        _write_json_atomic(dst / "config.json", _narrow_quant_config(ckpt.config, todo, everything))
+        atomic_write_json(dst / "config.json", _narrow_quant_config(ckpt.config, todo, everything))
     root = ckpt.root if ckpt.root and ckpt.root.is_dir() else None
     copy_side_files(root, dst, skip=lambda n: _is_weight_file(n) or n == HF_QUANT_CONFIG)
     if root is not None and (root / HF_QUANT_CONFIG).is_file():
@@ -456,7 +456,7 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
             raise InvalidFileError(f"not valid JSON: {exc}", file=str(root / HF_QUANT_CONFIG)) from None
         narrowed = _narrow_hf_quant_config(hqc, todo, everything)
         if narrowed is not None:
-            _write_json_atomic(dst / HF_QUANT_CONFIG, narrowed)
+            atomic_write_json(dst / HF_QUANT_CONFIG, narrowed)
     return DequantResult(
         dst=str(dst),
         decoded=tuple(w.weight for w in todo),
@@ -485,7 +485,3 @@ def _write_unfused(writer: ShardedWriter, w: DecodedWeight, r0: int, y: np.ndarr
         expert = r0 + i
         for j in range(per):
             writer.write(w.outputs[expert * per + j], np.ascontiguousarray(y[i, j::per]))
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    atomic_write_json(path, obj)

@@ -231,7 +231,8 @@ def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: 
 
 def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
     """config.json with the new quantization_config, and the side files (tokenizer, ...)."""
-    from ..dequant import _is_weight_file, _write_json_atomic, copy_side_files
+    from ..dequant import _is_weight_file, copy_side_files
+    from ..io.writer import atomic_write_json
     from ..io.manifest import MANIFEST_NAME
     from .plan import GPT_OSS_MXFP4, MXFP4
     from .qconfig import build_config, mxfp4_config, with_config
@@ -244,7 +245,7 @@ def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
         config = with_config(ckpt.config or {}, mxfp4_config(ckpt, plan))
     else:
         config = with_config(ckpt.config or {}, build_config(ckpt.config, groups))
-    _write_json_atomic(dst / "config.json", config)
+    atomic_write_json(dst / "config.json", config)
     src_root = Path(ckpt.root) if ckpt.root is not None and Path(ckpt.root).is_dir() else None
     if getattr(ckpt, "hub", None) is None:
         copy_side_files(src_root, dst, skip=lambda n: _is_weight_file(n) or n == MANIFEST_NAME

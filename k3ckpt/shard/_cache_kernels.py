@@ -301,31 +301,9 @@ def _admit(k, t, size, capacity, heap, hsize, score, inside, in_heap, last, nxt,
 def hot_recent_hits(keys, capacity, initial, heat, window, nkeys):
     # evict the coldest (lowest ``heat``) resident not used in the last ``window``
     # accesses; if every resident is that recent, the least recently used leaves.
-    # Warm keys count as used long ago, in their warm order.  Recent residents sit
-    # in an LRU list; as they age out of the window they move to a min-heap on heat.
-    n = keys.shape[0]
-    m = initial.shape[0]
-    hits = np.zeros(n, dtype=np.bool_)
-    if capacity <= 0:
-        return hits
-    inside, in_heap, last, nxt, prv = _recency_state(nkeys)
-    head = nkeys
-    tail = nkeys + 1
-    heap = np.empty(m + n + 1, dtype=np.int64)  # heat * nkeys + key, min first
-    hsize = 0
-    base = -(window + m + 2)
-    size = _lru_warm(initial, capacity, heap, heat, inside, in_heap, last, nxt, prv, head, tail, nkeys, base)
-    for t in range(n):
-        # age out: residents last used before t - window leave the list for the heap
-        hsize = _age_out(t - window, heap, hsize, heat, in_heap, last, nxt, prv, head, tail, nkeys)
-        k = keys[t]
-        if inside[k]:
-            hits[t] = True
-            _reuse(k, t, in_heap, last, nxt, prv, head)
-            continue
-        size, hsize = _admit(k, t, size, capacity, heap, hsize, heat, inside, in_heap, last, nxt, prv, head, tail,
-                             nkeys)
-    return hits
+    # Warm keys count as used long ago, in their warm order.  That is recent-freq
+    # with a fixed score (no run counts: unit 0; its horizon then changes nothing).
+    return recent_freq_hits(keys, capacity, initial, heat, window, 0, 0, nkeys)
 
 
 @njit

@@ -50,6 +50,31 @@ def test_fused_equals_reference_bit_for_bit(method, lo, hi):
         assert a.stats.nonfinite == 0 and a.stats.count == 2 * packed.size
 
 
+def _few_magnitude_blocks(rng, n):
+    """Blocks drawn from one to three E2M1 magnitudes plus zeros, random signs: the skewed
+    histograms where exponents other than the source's win."""
+    nib = np.zeros((n, 32), np.uint8)
+    for i in range(n):
+        mags = rng.choice(np.arange(1, 8), rng.integers(1, 4), replace=False)
+        nonzero = rng.integers(1, 33)
+        nib[i, :nonzero] = rng.choice(mags, nonzero) | (rng.integers(0, 2, nonzero) << 3)
+        rng.shuffle(nib[i])
+    return nib[:, 0::2] | (nib[:, 1::2] << 4)
+
+
+def test_every_refit_candidate_wins_somewhere_and_matches_the_reference():
+    """The kernel's split-and-shift error for each candidate exponent is the search's table."""
+    rng = np.random.default_rng(7)
+    packed = _few_magnitude_blocks(rng, 6000).reshape(60, 100 * 16)
+    scale = rng.integers(2, 253, (60, 100)).astype(np.uint8)     # near both ends of the window too
+    for method in ("keep-scales", "refit"):
+        a = requant_moet(packed, scale, method)
+        _same(a, requant_moet_reference(packed, scale, method))
+    moved = set(np.unique(a.scale.astype(int) - scale))   # refit's
+    assert set(moet.REFIT_WINDOW) - {2} <= moved   # d = +2 bounds the window but never wins alone
+
+
+
 def test_fused_counts_against_direct_counts():
     rng = np.random.default_rng(1)
     packed, scale = _mxfp4(rng, (64, 512), 118, 128)

@@ -12,10 +12,11 @@ two equal.
 Why one pass: decoding both tensors to float32 and measuring them took three
 times as long as the encode itself.  Here a block's 32 source values are
 E2M1 magnitudes under one exponent and its 32 outputs are levels under
-another, so every per-block sum is a small integer dot product with the
-block's nibble histogram (16 counts), exact in int64.  The metric adds exact
-block sums in block order (``metrics`` module doc), so the sums are the same
-float64 bits as summing decoded floats element by element.  Blocks whose
+another, so every per-block sum is a small integer sum over the block's
+nibble histogram, exact in int64; the levels are powers of two, so each
+candidate's error takes shifts, not multiplies (``_fused_loop``).  The metric
+adds exact block sums in block order (``metrics`` module doc), so the sums
+are the same float64 bits as summing decoded floats element by element.  Blocks whose
 values overflow float32 (E8M0 bytes >= 253, not seen in real weights) go
 through the metric's own per-element block step instead.
 """
@@ -23,6 +24,7 @@ through the metric's own per-element block step instead.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +32,7 @@ import numpy as np
 from ..formats.e2m1 import E8M0_F32, NIBBLE_HI_F32, NIBBLE_LO_F32
 from ..formats.moet_w2 import LEVELS
 from . import metrics
-from .moet import (_MAG_UNITS, _REFIT_TABLES, KEEP_LUT, NIBBLE_TO_CODE, UNIT_EXP, _level_units, best_candidate,
-                   check_mxfp4, level_codes)
+from .moet import _MAG_UNITS, _REFIT_TABLES, KEEP_LUT, NIBBLE_TO_CODE, UNIT_EXP, check_mxfp4, level_codes
 
 METHODS = ("refit", "keep-scales")
 _FAST_MAX_SCALE = 252   # above this a value can overflow float32 (6 * 2^(253 - 127) > float32 max)
@@ -51,96 +52,145 @@ class MoetPass:
     scale_changes: int           # blocks whose E8M0 byte differs from the source's
 
 
-def _tables() -> np.ndarray:
-    """int64 [candidates, 6, 16]: per refit candidate (window order) and nibble, in units of
-    2^(s + UNIT_EXP) (s the source exponent): x^2, y^2, e^2, e, x*y and |e|, where x is the
-    nibble's source value, y its level and e = y - x.  The kernel reads nibbles 0..7 and
-    negates e for 8..15 (checked here)."""
+# The candidates' exponent offsets (moet.REFIT_WINDOW order) and, per candidate, the first
+# magnitude index that rounds to the outer level b.  Literals here, checked against moet at
+# import: numba compiles module globals into the kernel as constants (which lets it unroll the
+# search into shifts) and its cache only notices edits to this file.
+_CAND_D = np.array([0, -1, 1, -2, 2, -3, -4, -5], np.int64)
+_CAND_SPLIT = np.array([5, 3, 7, 2, 8, 1, 1, 1], np.int64)
+_UNIT_SHIFT = 9   # -UNIT_EXP: a magnitude of 1 is 2^9 units
+
+
+def _check_candidates() -> None:
     t = _REFIT_TABLES
-    x = np.where(np.arange(16) & 8, -1, 1) * _MAG_UNITS[np.arange(16) & 7]
-    out = []
-    for d in t.d:
-        codes = level_codes(t.a, t.b, int(d))
-        units = [_level_units(v, int(d)) for v in (-t.b, -t.a, t.a, t.b)]
-        y = np.array(units, np.int64)[codes]
-        e = y - x
-        t16 = np.stack([x * x, y * y, e * e, e, x * y, np.abs(e)])
-        assert np.array_equal(t16[:, 8:] * np.array([1, 1, 1, -1, 1, 1])[:, None], t16[:, :8])
-        assert np.array_equal(t16[2, :8], t.err[len(out)])     # e^2 is the search's error table
-        out.append(t16)
-    assert np.array_equal(level_codes(t.a, t.b, int(t.d[0])), NIBBLE_TO_CODE)   # candidate 0: keep-scales
+    assert UNIT_EXP == -_UNIT_SHIFT and np.array_equal(t.d, _CAND_D)
+    for c, d in enumerate(_CAND_D):
+        a = 1 << (_UNIT_SHIFT + int(d))
+        levels = np.where(np.arange(8) < _CAND_SPLIT[c], a, 4 * a)
+        assert np.array_equal((levels - _MAG_UNITS) ** 2, t.err[c])
+        assert np.array_equal(level_codes(t.a, t.b, int(d))[:8], np.where(np.arange(8) < _CAND_SPLIT[c], 2, 3))
+    assert np.array_equal(level_codes(t.a, t.b, 0), NIBBLE_TO_CODE)   # candidate 0: keep-scales
     assert np.array_equal(t.lut[0], KEEP_LUT)
-    return np.ascontiguousarray(np.stack(out).astype(np.int64))
+
+
+def _abs_errors() -> np.ndarray:
+    """int64 [candidates, 8]: |level - magnitude| in units, per candidate and E2M1 magnitude."""
+    a = np.left_shift(1, _UNIT_SHIFT + _CAND_D)[:, None]
+    return np.abs(np.where(np.arange(8) < _CAND_SPLIT[:, None], a, 4 * a) - _MAG_UNITS)
 
 
 def _nibble_lanes() -> tuple[np.ndarray, np.ndarray]:
     """MXFP4 byte -> its two nibbles counted in byte lanes: lane m of the first word counts
-    nibble m (sign clear), of the second nibble 8 + m (sign set).  32 nibbles a block keep
-    every lane below 256 and the top one (<= 32 << 56) inside int64."""
+    nibble m (sign clear), of the second nibble 8 + m (sign set).  A block's 32 nibbles keep
+    every lane below 256."""
     b = np.arange(256)
     words = []
     for sign in (0, 8):
-        w = np.zeros(256, np.int64)
+        w = np.zeros(256, np.uint64)
         for nib in (b & 15, b >> 4):
-            hit = (nib & 8) == sign
-            w += np.where(hit, np.left_shift(1, 8 * (nib & 7)), 0)
+            w += np.where((nib & 8) == sign, np.left_shift(np.uint64(1), (8 * (nib & 7)).astype(np.uint64)),
+                          np.uint64(0))
         words.append(w)
     return words[0], words[1]
 
 
-def _code_tables() -> np.ndarray:
-    """int64 [candidates, 16]: the 2-bit code of each nibble."""
-    t = _REFIT_TABLES
-    return np.stack([level_codes(t.a, t.b, int(d)) for d in t.d]).astype(np.int64)
+_BYTES = np.uint64(0x0101010101010101)   # times a byte-lane word: lane m becomes the sum of lanes 0..m
+_SIGN_BIAS = np.uint64(0x8080808080808080)
 
 
-def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code16, pow2, lanes_pos, lanes_neg,
-                f32_lo, f32_hi, levels, e8m0, out, out_scale, acc, used, xbuf, ybuf):
+def _lane(w, m):
+    return np.int64((w >> np.uint64(8 * m)) & np.uint64(255))
+
+
+def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, abs_err, code16, pow2, f32_lo, f32_hi,
+                levels, e8m0, out64, out_scale, acc, counts, xbuf, ybuf):
     """Encode every block (as moet._refit_kernel, or keep-scales), add its metric sums to
-    ``acc`` in the metric's order and its nibble counts to ``used[candidate]``; return the
-    max row bias."""
-    h = np.zeros(16, np.int64)
-    h8 = np.zeros(8, np.int64)
+    ``acc`` in the metric's order and its counts to ``counts`` (source zeros, then codes 0..3);
+    return the max row bias.
+
+    Per block, h_m counts magnitude m (M_m units), n_t = h_0 + .. + h_(t-1) and
+    S_t = sum over m < t of h_m M_m.  Candidate c puts magnitudes below its split t on
+    a = 2^k units and the rest on b = 4a, so its squared error is
+    sxx + a^2 n_t + b^2 (32 - n_t) - 2a S_t - 2b (S - S_t): shifts only, and every n_t comes
+    from one multiply of the byte-lane counts."""
+    sprefix = np.zeros(9, np.int64)
     top = 0.0
     k = scale.shape[1] * 32
+    sxx_acc, syy_acc, see_acc, se_acc, sxy_acc, maxabs, n = acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6]
+    zeros = np.int64(0)
+    pos = np.int64(0)
+    code0 = np.int64(0)
+    code3 = np.int64(0)
     for r in range(packed.shape[0]):
         row = 0.0
         row_bad = False
         for blk in range(scale.shape[1]):
             s = np.int64(scale[r, blk])
             p0 = blk * 16
-            # Nibble counts in byte lanes of two registers (nibbles 0-7, 8-15): no memory
-            # round trip per element, and a lane never passes 32.
-            wa = np.int64(0)
-            wb = np.int64(0)
+            wa = np.uint64(0)
+            wb = np.uint64(0)
             for j in range(16):
                 b = packed[r, p0 + j]
                 wa += lanes_pos[b]
                 wb += lanes_neg[b]
-            for m in range(8):
-                h[m] = (wa >> (8 * m)) & 255
-                h[m + 8] = (wb >> (8 * m)) & 255
-            for m in range(8):
-                h8[m] = h[m] + h[m + 8]
-            zeros = h8[0]
+            w = wa + wb
+            below = w * _BYTES       # lane m: n_(m+1)
+            pos_below = wa * _BYTES  # the same for the positive nibbles
+            h = (_lane(w, 0), _lane(w, 1), _lane(w, 2), _lane(w, 3), _lane(w, 4), _lane(w, 5), _lane(w, 6),
+                 _lane(w, 7))
+            # S_t in half-magnitude units (magnitudes 0, 1, 2, 3, 4, 6, 8, 12 halves)
+            sprefix[2] = h[1]
+            sprefix[3] = sprefix[2] + 2 * h[2]
+            sprefix[4] = sprefix[3] + 3 * h[3]
+            sprefix[5] = sprefix[4] + 4 * h[4]
+            sprefix[6] = sprefix[5] + 6 * h[5]
+            sprefix[7] = sprefix[6] + 8 * h[6]
+            stot = sprefix[7] + 12 * h[7]
+            sprefix[8] = stot
             # Candidate 0 (d = 0) is keep-scales; an all-zero block keeps its codes (+-1 by the
-            # zeros' sign bits) and, in refit, takes the smallest exponent.
+            # zeros' sign bits) and, in refit, takes the smallest exponent.  Errors below leave
+            # out sxx, common to all candidates.
             best = 0
             new_s = s
-            best_err = np.int64(0)
-            for m in range(8):
-                best_err += h8[m] * cand_err[0, m]
-            if refit and s != 255 and zeros == 32:
+            kk = _UNIT_SHIFT
+            if refit and s != 255 and h[0] == 32:
                 new_s = 0
-            elif refit and s != 255:
-                best, best_err = best_candidate(h8, s, cand_d, cand_err)
-                new_s = s + cand_d[best]
+                best_g = np.int64(32) << (2 * kk)
+            else:
+                nt = _lane(below, _CAND_SPLIT[0] - 1)
+                st = sprefix[_CAND_SPLIT[0]]
+                best_g = ((nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)) - (st << (kk + 9))
+                          - ((stot - st) << (kk + 11)))
+                if refit and s != 255:
+                    for c in range(1, _CAND_D.shape[0]):
+                        e = s + _CAND_D[c]
+                        if e < 0 or e > 254:
+                            continue
+                        kk = _UNIT_SHIFT + _CAND_D[c]
+                        nt = _lane(below, _CAND_SPLIT[c] - 1)
+                        st = sprefix[_CAND_SPLIT[c]]
+                        g = ((nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)) - (st << (kk + 9))
+                             - ((stot - st) << (kk + 11)))
+                        if g < best_g:   # strict: earlier candidates win ties
+                            best = c
+                            best_g = g
+                    new_s = s + _CAND_D[best]
             out_scale[r, blk] = new_s
             lut = cand_lut[best]
+            word = np.uint64(0)
             for j in range(8):
-                out[r, blk * 8 + j] = lut[packed[r, p0 + 2 * j]] | (lut[packed[r, p0 + 2 * j + 1]] << 4)
-            for m in range(16):
-                used[best, m] += h[m]
+                q = lut[packed[r, p0 + 2 * j]] | (lut[packed[r, p0 + 2 * j + 1]] << 4)
+                word |= np.uint64(q) << np.uint64(8 * j)
+            out64[r, blk] = word
+            split = _CAND_SPLIT[best]
+            kk = _UNIT_SHIFT + _CAND_D[best]
+            nt = _lane(below, split - 1)
+            pt = _lane(pos_below, split - 1)
+            ptot = _lane(pos_below, 7)
+            zeros += h[0]
+            pos += ptot
+            code3 += ptot - pt
+            code0 += (32 - nt) - (ptot - pt)
             if s > _FAST_MAX_SCALE or new_s > _FAST_MAX_SCALE:
                 # Values may overflow float32: the metric's own per-element step on the decoded block.
                 f = e8m0[s]
@@ -151,53 +201,63 @@ def _fused_loop(packed, scale, refit, cand_d, cand_err, cand_lut, stats16, code1
                     xbuf[0, 2 * j + 1] = f32_hi[b] * f
                     ybuf[0, 2 * j] = levels[code16[best, b & 15]] * g
                     ybuf[0, 2 * j + 1] = levels[code16[best, b >> 4]] * g
+                acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (sxx_acc, syy_acc, see_acc, se_acc, sxy_acc,
+                                                                          maxabs, n)
                 be, bad = _block_into(xbuf, ybuf, 0, 0, 32, acc)
+                sxx_acc, syy_acc, see_acc, se_acc, sxy_acc, maxabs, n = (acc[0], acc[1], acc[2], acc[3], acc[4],
+                                                                         acc[5], acc[6])
                 row += be
                 row_bad = row_bad or bad
                 continue
             # Exact block sums in units of 2^(u + UNIT_EXP - 127): u is the source exponent, or the
             # output's for an all-zero block (every x is 0 there and the levels are +-1 at d = 0).
-            # e^2 summed is the search's own error; sign-symmetric levels make every term but
-            # e depend on the magnitude alone.
-            see = best_err
-            sxx = np.int64(0)
-            syy = np.int64(0)
-            se = np.int64(0)
-            sxy = np.int64(0)
+            # With y the level and e = y - x: sum y^2 = a^2 n_t + b^2 (32 - n_t), sum x y =
+            # a S_t + b (S - S_t), sum e^2 = sxx + the search's error, and sum e (signed) takes the
+            # per-magnitude count differences d_m (positive minus negative nibbles).
+            st = sprefix[split]
+            sxx = (h[1] + 4 * h[2] + 9 * h[3] + 16 * h[4] + 36 * h[5] + 64 * h[6] + 144 * h[7]) << 16
+            syy = (nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4))
+            sxy = (st << (kk + 8)) + ((stot - st) << (kk + 10))
+            diff = (wa | _SIGN_BIAS) - wb   # lane m: 128 + d_m
+            sdx = (_lane(diff, 1) + 2 * _lane(diff, 2) + 3 * _lane(diff, 3) + 4 * _lane(diff, 4)
+                   + 6 * _lane(diff, 5) + 8 * _lane(diff, 6) + 12 * _lane(diff, 7) - 128 * 36)
+            dt = 2 * pt - nt
+            se = (dt << kk) + ((2 * ptot - 32 - dt) << (kk + 2)) - (sdx << 8)
             emax = np.int64(0)
             for m in range(8):
-                n = h8[m]
-                sxx += n * stats16[best, 0, m]
-                syy += n * stats16[best, 1, m]
-                se += (h[m] - h[m + 8]) * stats16[best, 3, m]
-                sxy += n * stats16[best, 4, m]
-                emax = max(emax, stats16[best, 5, m] * min(n, 1))
-            u = (new_s if zeros == 32 else s) - 127 + UNIT_EXP - _POW2_LO
+                if h[m]:
+                    emax = max(emax, abs_err[best, m])
+            u = (new_s if h[0] == 32 else s) - 127 + UNIT_EXP - _POW2_LO
             one = pow2[u]
             two = pow2[2 * u + _POW2_LO]
             be = np.float64(se) * one
-            acc[0] += np.float64(sxx) * two
-            acc[1] += np.float64(syy) * two
-            acc[2] += np.float64(see) * two
-            acc[3] += be
-            acc[4] += np.float64(sxy) * two
-            a = np.float64(emax) * one
-            if a > acc[5]:
-                acc[5] = a
-            acc[6] += 32
+            sxx_acc += np.float64(sxx) * two
+            syy_acc += np.float64(syy) * two
+            see_acc += np.float64(sxx + best_g) * two
+            se_acc += be
+            sxy_acc += np.float64(sxy) * two
+            maxabs = max(maxabs, np.float64(emax) * one)
+            n += 32
             row += be
         if k and not row_bad:
             mb = abs(row / k)
             if mb > top:
                 top = mb
+    acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = sxx_acc, syy_acc, see_acc, se_acc, sxy_acc, maxabs, n
+    blocks = packed.shape[0] * scale.shape[1]
+    counts[0] = zeros
+    counts[1] = code0
+    counts[2] = 32 * blocks - pos - code0
+    counts[3] = pos - code3
+    counts[4] = code3
     return top
 
 
 @functools.cache
 def _kernel():
-    from .._numba import njit_with
+    from .._numba import njit, njit_with
 
-    return njit_with(_fused_loop, _block_into=metrics._kernels()[0])
+    return njit_with(_fused_loop, _block_into=metrics._kernels()[0], _lane=njit(inline="always")(_lane))
 
 
 assert tuple(range(8)) == (metrics._SXX, metrics._SYY, metrics._SEE, metrics._SE, metrics._SXY,
@@ -221,15 +281,16 @@ def requant_moet(packed, scale, method: str = "refit", *, name: str | None = Non
     out = np.empty((p.shape[0], p.shape[1] // 2), np.uint8)
     out_scale = np.empty_like(s)
     acc = np.zeros(8, np.float64)
-    used = np.zeros((len(t.d), 16), np.int64)
+    counts = np.zeros(5, np.int64)
     xbuf = np.empty((1, 32), np.float32)
     ybuf = np.empty((1, 32), np.float32)
-    top = _kernel()(p, s, method == "refit", t.d, t.err, t.lut, _STATS16, _CODE16, _POW2, *_LANES,
-                    NIBBLE_LO_F32, NIBBLE_HI_F32, LEVELS, E8M0_F32, out, out_scale, acc, used, xbuf, ybuf)
-    nibbles = used.sum(axis=0)
-    codes = [int(used[_CODE16 == c].sum()) for c in range(4)]
+    out64 = out.view(np.uint64)   # one word per block (K/4 bytes a row, a multiple of 8): one store, not 8
+    top = _kernel()(p, s, method == "refit", *_LANES, t.lut, _ABS_ERR, _CODE16, _POW2, NIBBLE_LO_F32,
+                    NIBBLE_HI_F32, LEVELS, E8M0_F32, out64, out_scale, acc, counts, xbuf, ybuf)
+    if sys.byteorder == "big":
+        out64.byteswap(inplace=True)   # the kernel puts column byte j in the word's bits 8j..8j+7
     return MoetPass(out.reshape(shape[:-1] + (out.shape[1],)), out_scale.reshape(np.shape(scale)),
-                    metrics._finish(acc, nonfinite), float(top), int(nibbles[0] + nibbles[8]), tuple(codes),
+                    metrics._finish(acc, nonfinite), float(top), int(counts[0]), tuple(int(c) for c in counts[1:]),
                     int(np.count_nonzero(out_scale != s)))
 
 
@@ -251,7 +312,8 @@ def requant_moet_reference(packed, scale, method: str = "refit", *, name: str | 
                     int(np.count_nonzero(np.asarray(new_scale) != np.asarray(scale))))
 
 
-_STATS16 = _tables()
-_CODE16 = _code_tables()
+_check_candidates()
+_CODE16 = np.stack([level_codes(_REFIT_TABLES.a, _REFIT_TABLES.b, int(d)) for d in _CAND_D]).astype(np.int64)
+_ABS_ERR = _abs_errors()
 _POW2 = np.ldexp(1.0, np.arange(_POW2_LO, -_POW2_LO + 1))
 _LANES = _nibble_lanes()

@@ -78,7 +78,8 @@ class PrefixHasher:
         while (item := self._work.get()) is not None:
             if self._error is not None or self._abandoned:
                 continue
-            start, end = item
+            first, end = item
+            start = first
             try:
                 while start < end and not self._abandoned:
                     chunk = os.pread(self._fd, min(_CHUNK, end - start), start)
@@ -86,5 +87,18 @@ class PrefixHasher:
                         raise OSError(f"file ended at {start:,} bytes while hashing up to {end:,}")
                     self._hash.update(chunk)
                     start += len(chunk)
+                _start_writeback(self._fd, first, end)
             except BaseException as e:   # re-raised in the writer's thread by hexdigest
                 self._error = e
+
+
+def _start_writeback(fd: int, start: int, end: int) -> None:
+    """Start writing [start, end) to disk now and let its pages go once written (Linux
+    begins writeback for dirty pages under POSIX_FADV_DONTNEED).  Otherwise the kernel
+    holds the output dirty until its own threshold or age, and the file's final fsync
+    waits for all of it; the pages are not read again after they are hashed."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass   # only advice

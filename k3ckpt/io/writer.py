@@ -91,6 +91,14 @@ def _as_bytes_view(data: Any, *, tensor: str) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """All of ``view`` at ``offset`` of ``fd`` (pwrite may write less than asked)."""
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -145,7 +153,9 @@ class ShardedWriter:
     data)`` a byte range of one (any order; overlapping rewrites of a tensor
     that is not yet complete are allowed).  A shard is finalized as soon as all
     its tensors are complete; ``close()`` checks that everything was written,
-    writes the index and returns the final paths.  Use as a context manager:
+    writes the index and returns the final paths.  ``place(name)`` /
+    ``mark_written(name)`` let another process write a whole tensor into the
+    shard's temporary file itself (no copy of its bytes through this one).  Use as a context manager:
     an exception inside ``with`` aborts.  Writes from several threads are safe.
 
     ``overwrite=False`` refuses (``OutputExistsError``) when a final shard or
@@ -319,12 +329,7 @@ class ShardedWriter:
                 self._advance_hash(sh)
         return sh.fd
 
-    @staticmethod
-    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-        while view:
-            n = os.pwrite(fd, view, offset)
-            view = view[n:]
-            offset += n
+    _pwrite_all = staticmethod(pwrite_all)   # a class attribute, so tests can make it fail
 
     def _complete(self, name: str) -> bool:
         r = self._ranges[name]
@@ -356,35 +361,65 @@ class ShardedWriter:
 
     def write_chunk(self, name: str, offset: int, data: Any) -> None:
         """Write ``data`` at byte ``offset`` inside tensor ``name``."""
-        spec = self._spec(name)
         view = _as_bytes_view(data, tensor=name)
+        begun = self._begin(name, offset, view.nbytes)
+        if begun is None:
+            return
+        fd, at = begun
+        try:
+            self._pwrite_all(fd, view, at)
+        except BaseException:
+            self._end(name, offset, view.nbytes, written=False)
+            raise
+        self._end(name, offset, view.nbytes, written=True)
+
+    def place(self, name: str) -> tuple[str, int]:
+        """Where tensor ``name``'s bytes go, for a writer in another process: (file path, offset
+        of its first byte).  That writer opens the path (it exists now, under a temporary name)
+        and writes exactly the tensor's bytes there; then call ``mark_written(name)``.  Until
+        then the shard cannot turn final."""
+        spec = self._spec(name)
+        begun = self._begin(name, 0, spec.nbytes)
+        if begun is None:
+            raise UsageError("a tensor of 0 bytes has nothing to place", tensor=name)
+        return str(self._shards[self.shard_of[name]].tmp), begun[1]
+
+    def mark_written(self, name: str, *, written: bool = True) -> None:
+        """Tensor ``name``, given out by ``place``, now holds all its bytes (``written=False``:
+        the other writer failed, nothing is recorded)."""
+        self._end(name, 0, self._spec(name).nbytes, written=written)
+
+    def _begin(self, name: str, offset: int, nbytes: int) -> tuple[int, int] | None:
+        """Check a write of ``nbytes`` at ``offset`` in ``name`` and count it in flight; return
+        (shard fd, file offset), or None when there is nothing to write."""
+        spec = self._spec(name)
         if not isinstance(offset, (int, np.integer)) or offset < 0:
             raise UsageError(f"offset must be a non-negative int, got {offset!r}", tensor=name)
         offset = int(offset)
-        end = offset + view.nbytes
-        if end > spec.nbytes:
-            raise ShapeError(f"write of {view.nbytes:,} bytes at {offset:,} passes the tensor's end "
+        if offset + nbytes > spec.nbytes:
+            raise ShapeError(f"write of {nbytes:,} bytes at {offset:,} passes the tensor's end "
                              f"({spec.nbytes:,} bytes)", tensor=name)
         sh = self._shards[self.shard_of[name]]
         with self._lock:
             self._check_open()
             if self._complete(name) or (spec.nbytes == 0):
-                if view.nbytes == 0:
-                    return
+                if nbytes == 0:
+                    return None
                 raise UsageError("tensor already fully written", tensor=name)
-            if view.nbytes == 0:
-                return
+            if nbytes == 0:
+                return None
             fd = self._open_shard(sh)
             sh.inflight += 1
-        try:
-            self._pwrite_all(fd, view, self._offset[name] + offset)
-        finally:
-            with self._lock:
-                sh.inflight -= 1
+        return fd, self._offset[name] + offset
+
+    def _end(self, name: str, offset: int, nbytes: int, *, written: bool) -> None:
+        """A write counted by ``_begin`` is over: record it, and finalize the shard when it is complete."""
+        sh = self._shards[self.shard_of[name]]
         with self._lock:
-            if self._aborted:
+            sh.inflight -= 1
+            if not written or self._aborted:
                 return
-            self._record(name, offset, end)
+            self._record(name, int(offset), int(offset) + nbytes)
             if self._complete(name):
                 sh.pending.discard(name)
             if sh.hasher is not None:

@@ -67,12 +67,13 @@ class _Runner:
     """Weights computed in order, by a spawn process pool (``workers`` > 1) or in-process,
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
 
-    def __init__(self, ckpt, weights, workers: int, src_path: str | None):
+    def __init__(self, ckpt, weights, workers: int, src_path: str | None, targets=None):
         from . import worker as wk
 
         self._wk = wk
         self._ckpt = ckpt
         self._src_path = src_path
+        self._targets = targets
         self._queue = iter(weights)
         self._pending: deque = deque()
         self._pool = _pool(workers, src_path, len(weights))
@@ -87,7 +88,8 @@ class _Runner:
             self._pending.append(("now", w))
             return
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
-        self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays)))
+        targets = None if self._targets is None else self._targets(w)
+        self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays, targets)))
 
     def __bool__(self) -> bool:
         return bool(self._pending)
@@ -147,7 +149,15 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
                 if any(writer.needs(n) for _, n in w.outputs) or w.index not in results]
         total = sum(writer.specs[n].nbytes for n in plan.copies if writer.needs(n)) + sum(w.in_bytes for w in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="requant", disable=not progress, smoothing=0.1)
-        runner = _Runner(ckpt, todo, workers, src_path)
+        def place(w) -> dict[str, tuple[str, int]] | None:
+            # Pool workers write whole output tensors into the shard file themselves; expert
+            # slices of a fused tensor (--layout gpt-oss) come back here.
+            if w.out_offsets is not None:
+                return None
+            return {role: writer.place(name) for role, name in w.outputs
+                    if writer.needs(name) and writer.specs[name].nbytes}
+
+        runner = _Runner(ckpt, todo, workers, src_path, targets=place)
         pos = {n: i for i, n in enumerate(ckpt.tensors)}
         drained = [0]
 
@@ -157,6 +167,9 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
             w = plan.weights[index]
             results[index] = res
             for i, (role, name) in enumerate(w.outputs):
+                if role not in parts:   # written by the worker (place)
+                    writer.mark_written(name)
+                    continue
                 if not writer.needs(name):
                     continue
                 if w.out_offsets is None:

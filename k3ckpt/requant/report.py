@@ -27,15 +27,14 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .. import __version__
 from ..errors import InvalidFileError, NotFoundError, UsageError
 from ..io.writer import atomic_write_bytes, atomic_write_chunks
-from .metrics import ErrorStats
-from .results import TensorResult
+from .results import TensorResult, _float_out
 
 # Renderers are part of the report API; they import nothing from here at run time.
 from .heatmap import DEFAULT_COLUMNS, render_svg  # noqa: E402
@@ -55,15 +54,6 @@ GROUP_KEYS: dict[str, tuple[str, ...]] = {
     "by_layer": ("layer",),
     "by_expert": ("layer", "expert"),
 }
-
-
-def _float_out(v: float) -> float | str:
-    # Standard JSON has no inf/NaN: same strings as ErrorStats.to_dict and TensorResult.
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if math.isnan(v):
-        return "nan"
-    return v
 
 
 def _json_normal(obj: Any, what: str) -> Any:
@@ -335,31 +325,9 @@ class RequantReport:
         return out
 
 
-_STATS_FIELDS = tuple(f.name for f in fields(ErrorStats))
-
-
 def _tensor_json(r: TensorResult) -> dict:
-    """``r.to_dict()`` plus ``bpw``; built directly because ``to_dict`` (dataclasses.asdict)
-    dominated the write time of a K3-sized report.  A test holds the two equal."""
-    s = r.stats
-    return {
-        "name": r.name,
-        "layer": r.layer,
-        "expert": r.expert,
-        "projection": r.projection,
-        "format": r.format,
-        "method": r.method,
-        "params": r.params,
-        "bytes": r.bytes,
-        # v - v == 0 holds exactly for finite numbers: the common case skips _float_out.
-        "stats": {k: v if v - v == 0 else _float_out(v)
-                  for k, v in zip(_STATS_FIELDS, [getattr(s, f) for f in _STATS_FIELDS])},
-        "max_row_bias": _float_out(r.max_row_bias),
-        "source_zero_fraction": _float_out(r.source_zero_fraction),
-        "code_histogram": list(r.code_histogram),
-        "scale_changes": r.scale_changes,
-        "bpw": r.bpw,   # derived, for readers; ignored on load
-    }
+    """A tensor row of the report's JSON: ``r.to_dict()`` plus ``bpw``."""
+    return {**r.to_dict(), "bpw": r.bpw}   # bpw: derived, for readers; ignored on load
 
 
 _ROW_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)

@@ -187,6 +187,26 @@ def init_worker(src_path: str | None) -> None:
         _CKPT = open_checkpoint(src_path)
 
 
-def run_task(w, arrays=None):
-    """Pool entry point (module level, so the spawn start method can import it)."""
-    return compute(_CKPT, w, arrays)
+def run_task(w, arrays=None, targets=None):
+    """Pool entry point (module level, so the spawn start method can import it).
+
+    ``targets`` maps output roles to (file, offset) from ``ShardedWriter.place``: those parts
+    are written there and left out of the answer, so their bytes never cross the pipe."""
+    index, parts, result = compute(_CKPT, w, arrays)
+    if targets:
+        for role, (path, offset) in targets.items():
+            write_at(path, offset, parts.pop(role))
+    return index, parts, result
+
+
+def write_at(path: str, offset: int, array: np.ndarray) -> None:
+    """``array``'s bytes at ``offset`` of the existing file ``path``."""
+    import os
+
+    from ..io.writer import pwrite_all
+
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        pwrite_all(fd, memoryview(np.ascontiguousarray(array)).cast("B"), offset)
+    finally:
+        os.close(fd)

@@ -276,6 +276,55 @@ def test_hash_shards_while_writing(tmp_path, monkeypatch, seed):
     assert not [t for t in threading.enumerate() if t.name == "k3ckpt-hash"]
 
 
+def test_place_and_mark_written_for_a_writer_elsewhere(tmp_path):
+    """place(name) gives another process a (temporary file, offset) to write the tensor into;
+    mark_written records it, and the shard turns final with those bytes and a matching hash."""
+    import hashlib
+    import multiprocessing
+
+    data = {s.name: _rng_bytes(s.nbytes, i) for i, s in enumerate(SPECS)}
+    with ShardedWriter(tmp_path, SPECS, max_shard_bytes=300, hash_shards=True) as w:
+        with pytest.raises(UsageError, match="0 bytes"):
+            w.place("empty")
+        for s in SPECS:
+            if s.nbytes == 0:
+                continue
+            path, offset = w.place(s.name)
+            assert os.path.basename(path).endswith(".partial") and w.needs(s.name)
+            ctx = multiprocessing.get_context("spawn")
+            p = ctx.Process(target=_pwrite_file, args=(path, offset, data[s.name]))
+            p.start()
+            p.join()
+            assert p.exitcode == 0
+            w.mark_written(s.name)
+            assert not w.needs(s.name)
+    for p in w.shards:
+        assert w.sha256[p] == hashlib.sha256((tmp_path / p).read_bytes()).hexdigest()
+    with open_checkpoint(tmp_path) as ck:
+        for s in SPECS:
+            assert ck.read_bytes(s.name) == data[s.name]
+
+
+def test_mark_written_false_records_nothing(tmp_path):
+    specs = [TensorSpec("a", "U8", (8,)), TensorSpec("b", "U8", (8,))]
+    w = ShardedWriter(tmp_path, specs)
+    w.place("a")
+    w.mark_written("a", written=False)
+    assert w.needs("a")
+    w.write("b", b"\1" * 8)
+    with pytest.raises(ShapeError, match="lacks 8 bytes"):
+        w.close()
+    assert _listing(tmp_path) == []
+
+
+def _pwrite_file(path, offset, data):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
 def test_hash_shards_abort_stops_the_hasher(tmp_path):
     import threading
 

@@ -1,6 +1,6 @@
 """Peak RSS of the streaming paths on two checkpoint sizes: memory must not grow with the checkpoint.
 
-    python tools/bench_rss.py                      # ~1 GB (experts=28) and ~4 GB (experts=113) k3 fixtures
+    python tools/bench_rss.py                      # k3 fixtures past 1 GiB (experts=30) and 4 GiB (experts=122)
     python tools/bench_rss.py --experts 8 32       # smaller, for a quick look
     python tools/bench_rss.py --keep DIR           # build (or reuse) the fixtures under DIR
 
@@ -93,8 +93,8 @@ def folder_bytes(path: Path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--experts", type=int, nargs=2, default=(28, 113), metavar=("SMALL", "LARGE"),
-                    help="experts per MoE layer of the two k3 fixtures (default 28 and 113: ~1 GB and ~4 GB)")
+    ap.add_argument("--experts", type=int, nargs=2, default=(30, 122), metavar=("SMALL", "LARGE"),
+                    help="experts per MoE layer of the two k3 fixtures (default 30 and 122: 1.08 and 4.31 GB, past 1 GiB and 4 GiB)")
     ap.add_argument("--keep", type=Path, help="build or reuse fixtures under this folder (default: a temp dir)")
     args = ap.parse_args()
 

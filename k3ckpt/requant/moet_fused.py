@@ -73,10 +73,13 @@ def _check_candidates() -> None:
     assert np.array_equal(t.lut[0], KEEP_LUT)
 
 
-def _abs_errors() -> np.ndarray:
-    """int64 [candidates, 8]: |level - magnitude| in units, per candidate and E2M1 magnitude."""
+def _max_errors() -> np.ndarray:
+    """int64 [candidates, 256]: the largest |level - magnitude| (units) over the E2M1 magnitudes
+    whose bits are set in the column index, per candidate (0 for none)."""
     a = np.left_shift(1, _UNIT_SHIFT + _CAND_D)[:, None]
-    return np.abs(np.where(np.arange(8) < _CAND_SPLIT[:, None], a, 4 * a) - _MAG_UNITS)
+    err = np.abs(np.where(np.arange(8) < _CAND_SPLIT[:, None], a, 4 * a) - _MAG_UNITS)
+    present = (np.arange(256)[:, None] >> np.arange(8)) & 1
+    return np.ascontiguousarray((err[:, None, :] * present[None]).max(axis=2))
 
 
 def _nibble_lanes() -> tuple[np.ndarray, np.ndarray]:
@@ -96,13 +99,16 @@ def _nibble_lanes() -> tuple[np.ndarray, np.ndarray]:
 
 _BYTES = np.uint64(0x0101010101010101)   # times a byte-lane word: lane m becomes the sum of lanes 0..m
 _SIGN_BIAS = np.uint64(0x8080808080808080)
+_LANE_NONZERO = np.uint64(0x7F7F7F7F7F7F7F7F)   # added to lanes below 129: bit 7 set iff the lane is nonzero
+_LANE_TOP = np.uint64(0x8080808080808080)
+_GATHER_BITS = np.uint64(0x0102040810204080)  # times bits 0, 8, .., 56: bit 8m lands at bit 56 + m
 
 
 def _lane(w, m):
     return np.int64((w >> np.uint64(8 * m)) & np.uint64(255))
 
 
-def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, abs_err, code16, pow2, f32_lo, f32_hi,
+def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, code16, pow2, f32_lo, f32_hi,
                 levels, e8m0, out64, out_scale, acc, counts, xbuf, ybuf):
     """Encode every block (as moet._refit_kernel, or keep-scales), add its metric sums to
     ``acc`` in the metric's order and its counts to ``counts`` (source zeros, then codes 0..3);
@@ -223,10 +229,10 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, abs_err, c
                    + 6 * _lane(diff, 5) + 8 * _lane(diff, 6) + 12 * _lane(diff, 7) - 128 * 36)
             dt = 2 * pt - nt
             se = (dt << kk) + ((2 * ptot - 32 - dt) << (kk + 2)) - (sdx << 8)
-            emax = np.int64(0)
-            for m in range(8):
-                if h[m]:
-                    emax = max(emax, abs_err[best, m])
+            # The largest |error| among the magnitudes present: one load from a table indexed by the
+            # candidate and the presence mask (lane m nonzero -> bit m), not eight mispredicted branches.
+            present = ((((w + _LANE_NONZERO) & _LANE_TOP) >> np.uint64(7)) * _GATHER_BITS) >> np.uint64(56)
+            emax = max_err[best, present]
             u = (new_s if h[0] == 32 else s) - 127 + UNIT_EXP - _POW2_LO
             one = pow2[u]
             two = pow2[2 * u + _POW2_LO]
@@ -285,7 +291,7 @@ def requant_moet(packed, scale, method: str = "refit", *, name: str | None = Non
     xbuf = np.empty((1, 32), np.float32)
     ybuf = np.empty((1, 32), np.float32)
     out64 = out.view(np.uint64)   # one word per block (K/4 bytes a row, a multiple of 8): one store, not 8
-    top = _kernel()(p, s, method == "refit", *_LANES, t.lut, _ABS_ERR, _CODE16, _POW2, NIBBLE_LO_F32,
+    top = _kernel()(p, s, method == "refit", *_LANES, t.lut, _MAX_ERR, _CODE16, _POW2, NIBBLE_LO_F32,
                     NIBBLE_HI_F32, LEVELS, E8M0_F32, out64, out_scale, acc, counts, xbuf, ybuf)
     if sys.byteorder == "big":
         out64.byteswap(inplace=True)   # the kernel puts column byte j in the word's bits 8j..8j+7
@@ -314,6 +320,6 @@ def requant_moet_reference(packed, scale, method: str = "refit", *, name: str | 
 
 _check_candidates()
 _CODE16 = np.stack([level_codes(_REFIT_TABLES.a, _REFIT_TABLES.b, int(d)) for d in _CAND_D]).astype(np.int64)
-_ABS_ERR = _abs_errors()
+_MAX_ERR = _max_errors()
 _POW2 = np.ldexp(1.0, np.arange(_POW2_LO, -_POW2_LO + 1))
 _LANES = _nibble_lanes()

@@ -67,13 +67,14 @@ class _Runner:
     """Weights computed in order, by a spawn process pool (``workers`` > 1) or in-process,
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
 
-    def __init__(self, ckpt, weights, workers: int, src_path: str | None, targets=None):
+    def __init__(self, ckpt, weights, workers: int, src_path: str | None, targets=None, keep_parts: bool = True):
         from . import worker as wk
 
         self._wk = wk
         self._ckpt = ckpt
         self._src_path = src_path
         self._targets = targets
+        self._keep_parts = keep_parts
         self._queue = iter(weights)
         self._pending: deque = deque()
         self._pool = _pool(workers, src_path, len(weights))
@@ -89,7 +90,7 @@ class _Runner:
             return
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
         targets = None if self._targets is None else self._targets(w)
-        self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays, targets)))
+        self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts)))
 
     def __bool__(self) -> bool:
         return bool(self._pending)
@@ -115,7 +116,7 @@ def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool
 
     out: dict[int, TensorResult] = {}
     by_index = {w.index: w for w in weights}
-    runner = _Runner(ckpt, weights, workers, src_path)
+    runner = _Runner(ckpt, weights, workers, src_path, keep_parts=False)   # results only: no parts back
     try:
         with tqdm(total=sum(w.in_bytes for w in weights), unit="B", unit_scale=True, desc="measure",
                   disable=not progress) as bar:

@@ -187,16 +187,17 @@ def init_worker(src_path: str | None) -> None:
         _CKPT = open_checkpoint(src_path)
 
 
-def run_task(w, arrays=None, targets=None):
+def run_task(w, arrays=None, targets=None, keep_parts: bool = True):
     """Pool entry point (module level, so the spawn start method can import it).
 
     ``targets`` maps output roles to (file, offset) from ``ShardedWriter.place``: those parts
-    are written there and left out of the answer, so their bytes never cross the pipe."""
+    are written there and left out of the answer, so their bytes never cross the pipe;
+    ``keep_parts=False`` leaves out every part (a pass that only measures)."""
     index, parts, result = compute(_CKPT, w, arrays)
     if targets:
         for role, (path, offset) in targets.items():
             write_at(path, offset, parts.pop(role))
-    return index, parts, result
+    return index, parts if keep_parts else {}, result
 
 
 def write_at(path: str, offset: int, array: np.ndarray) -> None:

@@ -54,11 +54,11 @@ def njit(*args, **kwargs):
 prange = numba.prange
 
 
-def njit_with(fn, **globals_):
+def njit_with(fn, inline: str = "never", **globals_):
     """``njit(fn)`` with some of the global names ``fn`` uses bound to other objects: a kernel
     calling a helper that its module keeps as a plain function (so that importing the module
     does not import numba) is compiled against the helper's jitted twin."""
     import types
 
-    return njit(types.FunctionType(fn.__code__, {**fn.__globals__, **globals_}, fn.__name__))
+    return njit(types.FunctionType(fn.__code__, {**fn.__globals__, **globals_}, fn.__name__), inline=inline)
 

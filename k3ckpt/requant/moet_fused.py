@@ -108,6 +108,14 @@ def _lane(w, m):
     return np.int64((w >> np.uint64(8 * m)) & np.uint64(255))
 
 
+def _candidate_error(c, below, sprefix, stot):
+    """Candidate ``c``'s squared error minus sxx (``_fused_loop``'s doc), in units^2."""
+    kk = _UNIT_SHIFT + _CAND_D[c]
+    nt = _lane(below, _CAND_SPLIT[c] - 1)
+    st = sprefix[_CAND_SPLIT[c]]
+    return (nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)) - (st << (kk + 9)) - ((stot - st) << (kk + 11))
+
+
 def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, code16, pow2, f32_lo, f32_hi,
                 levels, e8m0, out64, out_scale, acc, counts, xbuf, ybuf):
     """Encode every block (as moet._refit_kernel, or keep-scales), add its metric sums to
@@ -158,25 +166,17 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, c
             # out sxx, common to all candidates.
             best = 0
             new_s = s
-            kk = _UNIT_SHIFT
             if refit and s != 255 and h[0] == 32:
                 new_s = 0
-                best_g = np.int64(32) << (2 * kk)
+                best_g = np.int64(32) << (2 * _UNIT_SHIFT)   # 32 zeros on a = 1
             else:
-                nt = _lane(below, _CAND_SPLIT[0] - 1)
-                st = sprefix[_CAND_SPLIT[0]]
-                best_g = ((nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)) - (st << (kk + 9))
-                          - ((stot - st) << (kk + 11)))
+                best_g = _candidate_error(0, below, sprefix, stot)
                 if refit and s != 255:
                     for c in range(1, _CAND_D.shape[0]):
                         e = s + _CAND_D[c]
                         if e < 0 or e > 254:
                             continue
-                        kk = _UNIT_SHIFT + _CAND_D[c]
-                        nt = _lane(below, _CAND_SPLIT[c] - 1)
-                        st = sprefix[_CAND_SPLIT[c]]
-                        g = ((nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)) - (st << (kk + 9))
-                             - ((stot - st) << (kk + 11)))
+                        g = _candidate_error(c, below, sprefix, stot)
                         if g < best_g:   # strict: earlier candidates win ties
                             best = c
                             best_g = g
@@ -263,7 +263,9 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, c
 def _kernel():
     from .._numba import njit, njit_with
 
-    return njit_with(_fused_loop, _block_into=metrics._kernels()[0], _lane=njit(inline="always")(_lane))
+    lane = njit(inline="always")(_lane)
+    cand = njit_with(_candidate_error, _lane=lane, inline="always")
+    return njit_with(_fused_loop, _block_into=metrics._kernels()[0], _lane=lane, _candidate_error=cand)
 
 
 assert tuple(range(8)) == (metrics._SXX, metrics._SYY, metrics._SEE, metrics._SE, metrics._SXY,

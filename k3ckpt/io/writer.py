@@ -155,8 +155,9 @@ class ShardedWriter:
     its tensors are complete; ``close()`` checks that everything was written,
     writes the index and returns the final paths.  ``place(name)`` /
     ``mark_written(name)`` let another process write a whole tensor into the
-    shard's temporary file itself (no copy of its bytes through this one).  Use as a context manager:
-    an exception inside ``with`` aborts.  Writes from several threads are safe.
+    shard's temporary file itself (no copy of its bytes through this one).
+    Use as a context manager: an exception inside ``with`` aborts.  Writes from
+    several threads are safe.
 
     ``overwrite=False`` refuses (``OutputExistsError``) when a final shard or
     index name already exists.

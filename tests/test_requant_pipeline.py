@@ -164,6 +164,21 @@ def test_resume_after_failure_is_byte_identical(k3_tiny, k3_refit, tmp_path):
     assert {f".k3ckpt-results/{n}" for n in saved} <= set(manifest["files"])
 
 
+def test_pool_workers_writing_in_place_crash_and_resume(k3_tiny, k3_refit, tmp_path):
+    """With a pool, workers write their tensors into the shards' temporary files themselves
+    (ShardedWriter.place); a failure with such writes in flight leaves no partial file and only
+    complete final shards, and a resumed pool run ends byte-identical to the one-process run."""
+    _, full = k3_refit
+    dst = tmp_path / "out"
+    finals = crash_after(k3_tiny, dst, 40, workers=2)
+    assert finals and not list(dst.glob(".*.partial"))
+    for name in finals:
+        assert read_header(dst / name).file_size == (dst / name).stat().st_size
+    again = run(k3_tiny, dst, resume=True, workers=2)
+    assert set(again.resumed_shards) == set(finals)
+    assert folder_bytes(dst) == folder_bytes(full)
+
+
 def test_resume_rewrites_a_shard_whose_results_are_lost(k3_tiny, k3_refit, tmp_path):
     _, full = k3_refit
     dst = tmp_path / "out"

@@ -61,13 +61,18 @@ _CAND_SPLIT = np.array([5, 3, 7, 2, 8, 1, 1, 1], np.int64)
 _UNIT_SHIFT = 9   # -UNIT_EXP: a magnitude of 1 is 2^9 units
 
 
+def _candidate_levels() -> np.ndarray:
+    """int64 [candidates, 8]: the level (units) each E2M1 magnitude rounds to, per candidate:
+    a = 2^(9 + d) below the split, b = 4a from it on."""
+    a = np.left_shift(1, _UNIT_SHIFT + _CAND_D)[:, None]
+    return np.where(np.arange(8) < _CAND_SPLIT[:, None], a, 4 * a)
+
+
 def _check_candidates() -> None:
     t = _REFIT_TABLES
     assert UNIT_EXP == -_UNIT_SHIFT and np.array_equal(t.d, _CAND_D)
+    assert np.array_equal((_candidate_levels() - _MAG_UNITS) ** 2, t.err)
     for c, d in enumerate(_CAND_D):
-        a = 1 << (_UNIT_SHIFT + int(d))
-        levels = np.where(np.arange(8) < _CAND_SPLIT[c], a, 4 * a)
-        assert np.array_equal((levels - _MAG_UNITS) ** 2, t.err[c])
         assert np.array_equal(level_codes(t.a, t.b, int(d))[:8], np.where(np.arange(8) < _CAND_SPLIT[c], 2, 3))
     assert np.array_equal(level_codes(t.a, t.b, 0), NIBBLE_TO_CODE)   # candidate 0: keep-scales
     assert np.array_equal(t.lut[0], KEEP_LUT)
@@ -76,8 +81,7 @@ def _check_candidates() -> None:
 def _max_errors() -> np.ndarray:
     """int64 [candidates, 256]: the largest |level - magnitude| (units) over the E2M1 magnitudes
     whose bits are set in the column index, per candidate (0 for none)."""
-    a = np.left_shift(1, _UNIT_SHIFT + _CAND_D)[:, None]
-    err = np.abs(np.where(np.arange(8) < _CAND_SPLIT[:, None], a, 4 * a) - _MAG_UNITS)
+    err = np.abs(_candidate_levels() - _MAG_UNITS)
     present = (np.arange(256)[:, None] >> np.arange(8)) & 1
     return np.ascontiguousarray((err[:, None, :] * present[None]).max(axis=2))
 
@@ -98,9 +102,8 @@ def _nibble_lanes() -> tuple[np.ndarray, np.ndarray]:
 
 
 _BYTES = np.uint64(0x0101010101010101)   # times a byte-lane word: lane m becomes the sum of lanes 0..m
-_SIGN_BIAS = np.uint64(0x8080808080808080)
+_LANE_TOP = np.uint64(0x8080808080808080)        # bit 7 of every lane
 _LANE_NONZERO = np.uint64(0x7F7F7F7F7F7F7F7F)   # added to lanes below 129: bit 7 set iff the lane is nonzero
-_LANE_TOP = np.uint64(0x8080808080808080)
 _GATHER_BITS = np.uint64(0x0102040810204080)  # times bits 0, 8, .., 56: bit 8m lands at bit 56 + m
 
 
@@ -108,12 +111,19 @@ def _lane(w, m):
     return np.int64((w >> np.uint64(8 * m)) & np.uint64(255))
 
 
-def _candidate_error(c, below, sprefix, stot):
-    """Candidate ``c``'s squared error minus sxx (``_fused_loop``'s doc), in units^2."""
+def _level_sums(c, below, sprefix, stot):
+    """(sum y^2, sum x y) of a block under candidate ``c``, in units^2 (``_fused_loop``'s doc):
+    a^2 n_t + b^2 (32 - n_t) and a S_t + b (S - S_t), with a = 2^k, b = 4a and S in halves."""
     kk = _UNIT_SHIFT + _CAND_D[c]
     nt = _lane(below, _CAND_SPLIT[c] - 1)
     st = sprefix[_CAND_SPLIT[c]]
-    return (nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)) - (st << (kk + 9)) - ((stot - st) << (kk + 11))
+    return (nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4)), (st << (kk + 8)) + ((stot - st) << (kk + 10))
+
+
+def _candidate_error(c, below, sprefix, stot):
+    """Candidate ``c``'s squared error minus sxx: sum y^2 - 2 sum x y."""
+    syy, sxy = _level_sums(c, below, sprefix, stot)
+    return syy - 2 * sxy
 
 
 def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, code16, pow2, f32_lo, f32_hi,
@@ -189,7 +199,6 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, c
                 word |= np.uint64(q) << np.uint64(8 * j)
             out64[r, blk] = word
             split = _CAND_SPLIT[best]
-            kk = _UNIT_SHIFT + _CAND_D[best]
             nt = _lane(below, split - 1)
             pt = _lane(pos_below, split - 1)
             ptot = _lane(pos_below, 7)
@@ -220,11 +229,10 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, max_err, c
             # With y the level and e = y - x: sum y^2 = a^2 n_t + b^2 (32 - n_t), sum x y =
             # a S_t + b (S - S_t), sum e^2 = sxx + the search's error, and sum e (signed) takes the
             # per-magnitude count differences d_m (positive minus negative nibbles).
-            st = sprefix[split]
             sxx = (h[1] + 4 * h[2] + 9 * h[3] + 16 * h[4] + 36 * h[5] + 64 * h[6] + 144 * h[7]) << 16
-            syy = (nt << (2 * kk)) + ((32 - nt) << (2 * kk + 4))
-            sxy = (st << (kk + 8)) + ((stot - st) << (kk + 10))
-            diff = (wa | _SIGN_BIAS) - wb   # lane m: 128 + d_m
+            syy, sxy = _level_sums(best, below, sprefix, stot)
+            kk = _UNIT_SHIFT + _CAND_D[best]
+            diff = (wa | _LANE_TOP) - wb   # lane m: 128 + d_m
             sdx = (_lane(diff, 1) + 2 * _lane(diff, 2) + 3 * _lane(diff, 3) + 4 * _lane(diff, 4)
                    + 6 * _lane(diff, 5) + 8 * _lane(diff, 6) + 12 * _lane(diff, 7) - 128 * 36)
             dt = 2 * pt - nt
@@ -264,8 +272,10 @@ def _kernel():
     from .._numba import njit, njit_with
 
     lane = njit(inline="always")(_lane)
-    cand = njit_with(_candidate_error, _lane=lane, inline="always")
-    return njit_with(_fused_loop, _block_into=metrics._kernels()[0], _lane=lane, _candidate_error=cand)
+    sums = njit_with(_level_sums, _lane=lane, inline="always")
+    cand = njit_with(_candidate_error, _level_sums=sums, inline="always")
+    return njit_with(_fused_loop, _block_into=metrics._kernels()[0], _lane=lane, _level_sums=sums,
+                     _candidate_error=cand)
 
 
 assert tuple(range(8)) == (metrics._SXX, metrics._SYY, metrics._SEE, metrics._SE, metrics._SXY,

@@ -282,6 +282,8 @@ def test_place_and_mark_written_for_a_writer_elsewhere(tmp_path):
     import hashlib
     import multiprocessing
 
+    from k3ckpt.requant.worker import write_at   # what requant's pool workers call
+
     data = {s.name: _rng_bytes(s.nbytes, i) for i, s in enumerate(SPECS)}
     with ShardedWriter(tmp_path, SPECS, max_shard_bytes=300, hash_shards=True) as w:
         with pytest.raises(UsageError, match="0 bytes"):
@@ -292,7 +294,7 @@ def test_place_and_mark_written_for_a_writer_elsewhere(tmp_path):
             path, offset = w.place(s.name)
             assert os.path.basename(path).endswith(".partial") and w.needs(s.name)
             ctx = multiprocessing.get_context("spawn")
-            p = ctx.Process(target=_pwrite_file, args=(path, offset, data[s.name]))
+            p = ctx.Process(target=write_at, args=(path, offset, np.frombuffer(data[s.name], np.uint8)))
             p.start()
             p.join()
             assert p.exitcode == 0
@@ -315,14 +317,6 @@ def test_mark_written_false_records_nothing(tmp_path):
     with pytest.raises(ShapeError, match="lacks 8 bytes"):
         w.close()
     assert _listing(tmp_path) == []
-
-
-def _pwrite_file(path, offset, data):
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.pwrite(fd, data, offset)
-    finally:
-        os.close(fd)
 
 
 def test_hash_shards_abort_stops_the_hasher(tmp_path):

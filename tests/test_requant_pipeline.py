@@ -191,6 +191,20 @@ def test_resume_rewrites_a_shard_whose_results_are_lost(k3_tiny, k3_refit, tmp_p
     assert folder_bytes(dst) == folder_bytes(full) and again.results == run(k3_tiny, tmp_path / "c").results
 
 
+def test_pool_worker_exit_skips_the_final_collection():
+    """init_worker freezes the heap at exit: the interpreter's last collection over numba's
+    objects took about half a second per worker, at the end of every pool run."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, gc\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"   # runs after init's
+            "from k3ckpt.requant.worker import init_worker\n"
+            "init_worker(None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "frozen True"
+
+
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):
     a = run(gpt_oss_tiny, tmp_path / "one", workers=1, format="k3ckpt-mx2")
     b = run(gpt_oss_tiny, tmp_path / "two", workers=2, format="k3ckpt-mx2")

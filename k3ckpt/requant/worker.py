@@ -181,6 +181,14 @@ def compute(ckpt, w, arrays=None):
 def init_worker(src_path: str | None) -> None:
     """Pool initializer: open the source once per worker process (None: tasks carry their arrays)."""
     global _CKPT
+    import atexit
+    import gc
+
+    # A worker's exit otherwise spends about half a second in the interpreter's final garbage
+    # collection over numba's objects, at the end of the run when nothing else is left to do.
+    # Freezing moves them out of its reach; the OS takes the memory back anyway.  (Outputs are
+    # written with os.pwrite and closed per call, so no buffered file depends on a finalizer.)
+    atexit.register(gc.freeze)
     if src_path is not None:
         from ..io.reader import open_checkpoint
 

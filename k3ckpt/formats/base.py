@@ -20,6 +20,7 @@ format implements only ``_decode_rows`` and (if it can encode) ``_encode_rows``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ class FormatInfo:
         """Bytes stored once per weight whatever its size (the tensor parts)."""
         return sum(t.nbytes for t in self.tensor_parts)
 
-    @property
+    @functools.cached_property   # asked for every weight of a plan (frozen dataclass: cached in __dict__)
     def roles(self) -> tuple[str, ...]:
         """Every stored part's role: block parts, then tensor parts."""
         return tuple(p.role for p in self.parts) + tuple(t.role for t in self.tensor_parts)
@@ -199,6 +200,26 @@ def as_float32_input(x, *, name: str | None = None) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+@functools.cache
+def _suffixes_longest_first(fmt: Format) -> tuple[tuple[str, str], ...]:
+    """(suffix, role) of every part, longest suffix first and an empty one last (``match_name``,
+    called for every tensor of a checkpoint: K3 has half a million).  Keyed by the registry's
+    one instance per format, which hashes by identity."""
+    info = fmt.info
+    suffixes = [(p.suffix, p.role) for p in info.parts] + [(t.suffix, t.role) for t in info.tensor_parts]
+    return tuple(sorted(suffixes, key=lambda sr: (not sr[0], -len(sr[0]))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _part_specs(fmt: Format, shape: tuple[int, ...]) -> tuple[tuple[str, PartSpec], ...]:
+    """``part_specs`` of a checked shape; cached because a checkpoint repeats a few shapes
+    across hundreds of thousands of weights."""
+    info = fmt.info
+    lead, nblocks = shape[:-1], shape[-1] // info.block
+    specs = [(p.role, PartSpec(p.role, p.suffix, p.dtype, lead + p.trailing(nblocks))) for p in info.parts]
+    return tuple(specs + [(t.role, t) for t in info.tensor_parts])
+
+
 class Format:
     """Base of all formats.  Subclasses set ``info`` and implement the row hooks.
 
@@ -242,12 +263,7 @@ class Format:
     def part_specs(self, shape, *, name: str | None = None) -> dict[str, PartSpec]:
         """The tensors this format stores for logical shape ``[..., K]``, by role."""
         shape = self.check_logical_shape(shape, name=name)
-        lead, nblocks = shape[:-1], shape[-1] // self.info.block
-        specs = {
-            p.role: PartSpec(p.role, p.suffix, p.dtype, lead + p.trailing(nblocks)) for p in self.info.parts
-        }
-        specs.update((t.role, t) for t in self.info.tensor_parts)
-        return specs
+        return dict(_part_specs(self, shape))
 
     def tensor_names(self, base: str) -> dict[str, str]:
         """On-disk tensor names of the parts of weight ``base``, by role
@@ -260,13 +276,11 @@ class Format:
         """``(base, role)`` if ``tensor_name`` is one of this format's parts by its
         suffix (the longest matching suffix wins), else None.  A part with an
         empty suffix matches any name."""
-        suffixes = [(p.suffix, p.role) for p in self.info.parts] + [(t.suffix, t.role) for t in self.info.tensor_parts]
-        for suffix, role in sorted(suffixes, key=lambda sr: -len(sr[0])):
-            if suffix and tensor_name.endswith(suffix) and len(tensor_name) > len(suffix):
-                return tensor_name[: -len(suffix)], role
-        for suffix, role in suffixes:
+        for suffix, role in _suffixes_longest_first(self):
             if not suffix:
                 return tensor_name, role
+            if tensor_name.endswith(suffix) and len(tensor_name) > len(suffix):
+                return tensor_name[: -len(suffix)], role
         return None
 
     def sample_parts(self, shape, rng: np.random.Generator) -> dict[str, np.ndarray]:

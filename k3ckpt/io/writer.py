@@ -42,11 +42,14 @@ class TensorSpec:
         if not isinstance(self.name, str) or not self.name:
             raise UsageError(f"tensor name must be a non-empty string, got {self.name!r}")
         dt = dtypes.lookup(self.dtype)
-        shape = tuple(self.shape)
-        if not all(type(d) is int or isinstance(d, np.integer) for d in shape) or any(int(d) < 0 for d in shape):
-            raise ShapeError(f"shape must hold non-negative ints, got {shape!r}", tensor=self.name)
-        shape = tuple(int(d) for d in shape)
-        object.__setattr__(self, "shape", shape)
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
+            # (the check above is the common case, cheap for the half million specs of a K3 plan)
+            shape = tuple(shape)
+            if not all(type(d) is int or isinstance(d, np.integer) for d in shape) or any(int(d) < 0 for d in shape):
+                raise ShapeError(f"shape must hold non-negative ints, got {shape!r}", tensor=self.name)
+            shape = tuple(int(d) for d in shape)
+            object.__setattr__(self, "shape", shape)
         if dt.nbytes(shape) is None:
             raise ShapeError(f"{dt.name} shape {list(shape)} does not end on a byte boundary", tensor=self.name)
 

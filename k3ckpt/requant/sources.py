@@ -93,7 +93,10 @@ class SourceWeight:
         return self.format in MXFP4_SOURCES
 
     def part(self, role: str) -> str:
-        return dict(self.parts)[role]
+        for r, tensor in self.parts:
+            if r == role:
+                return tensor
+        raise KeyError(role)
 
     def slice(self, expert: int | None) -> SourceSlice:
         return SourceSlice(self.format, self.parts, self.shape, expert, self.transposed)

@@ -57,8 +57,39 @@ prange = numba.prange
 def njit_with(fn, inline: str = "never", **globals_):
     """``njit(fn)`` with some of the global names ``fn`` uses bound to other objects: a kernel
     calling a helper that its module keeps as a plain function (so that importing the module
-    does not import numba) is compiled against the helper's jitted twin."""
+    does not import numba) is compiled against the helper's jitted twin.
+
+    numba links a called kernel's code into its caller and keys the caller's cache on the
+    caller's own file only, so an edit to a helper in another file would leave the caller
+    running the old helper from the cache.  The name numba files the cache under therefore
+    carries a digest of the bound kernels' source files (``dependency_digest``)."""
     import types
 
-    return njit(types.FunctionType(fn.__code__, {**fn.__globals__, **globals_}, fn.__name__), inline=inline)
+    twin = types.FunctionType(fn.__code__, {**fn.__globals__, **globals_}, fn.__name__)
+    digest = dependency_digest(fn, globals_.values())
+    if digest:
+        twin.__qualname__ = f"{fn.__qualname__}_deps_{digest}"
+    return njit(twin, inline=inline)
+
+
+def dependency_digest(fn, bound) -> str:
+    """A short digest of the source files of the kernels in ``bound`` defined outside ``fn``'s
+    file, and of their own qualified names (which carry their dependencies' digests in turn);
+    "" when there are none."""
+    import hashlib
+    import inspect
+
+    own = inspect.getsourcefile(fn)
+    h = hashlib.sha256()
+    found = False
+    for obj in bound:
+        py = getattr(obj, "py_func", None)   # a numba dispatcher
+        if py is None:
+            continue
+        path = inspect.getsourcefile(py)
+        if path is None or path == own:
+            continue
+        found = True
+        h.update(py.__qualname__.encode() + b"\0" + Path(path).read_bytes())
+    return h.hexdigest()[:12] if found else ""
 

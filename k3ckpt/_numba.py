@@ -90,6 +90,10 @@ def dependency_digest(fn, bound) -> str:
         if path is None or path == own:
             continue
         found = True
-        h.update(py.__qualname__.encode() + b"\0" + Path(path).read_bytes())
+        try:
+            source = Path(path).read_bytes()
+        except OSError:   # e.g. imported from a zip: the path is then all there is to go on
+            source = path.encode()
+        h.update(py.__qualname__.encode() + b"\0" + source)
     return h.hexdigest()[:12] if found else ""
 

@@ -207,7 +207,7 @@ def _suffixes_longest_first(fmt: Format) -> tuple[tuple[str, str], ...]:
     one instance per format, which hashes by identity."""
     info = fmt.info
     suffixes = [(p.suffix, p.role) for p in info.parts] + [(t.suffix, t.role) for t in info.tensor_parts]
-    return tuple(sorted(suffixes, key=lambda sr: (not sr[0], -len(sr[0]))))
+    return tuple(sorted(suffixes, key=lambda sr: -len(sr[0])))
 
 
 @functools.lru_cache(maxsize=4096)

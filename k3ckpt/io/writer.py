@@ -44,7 +44,7 @@ class TensorSpec:
         dt = dtypes.lookup(self.dtype)
         shape = self.shape
         if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
-            # (the check above is the common case, cheap for the half million specs of a K3 plan)
+            # (a plain tuple of non-negative ints, as every spec of a plan is, needs no rebuilding)
             shape = tuple(shape)
             if not all(type(d) is int or isinstance(d, np.integer) for d in shape) or any(int(d) < 0 for d in shape):
                 raise ShapeError(f"shape must hold non-negative ints, got {shape!r}", tensor=self.name)

@@ -25,6 +25,7 @@ offset (``out_offsets``).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -319,13 +320,29 @@ class _Builder:
             sources=() if f.mxfp4 else slices, source_bytes=src_bytes, out_offsets=offsets))
 
 
-def _fmt_for(choice: FormatChoice, n: int, k: int, name: str):
+def _fmt_for(fmt_id: str, n: int, k: int, name: str | None):
     from ..formats import get_format
 
-    fmt = get_format(choice.format)
+    fmt = get_format(fmt_id)
     if k % fmt.info.block:
-        raise ShapeError(f"{choice.format} stores blocks of {fmt.info.block}; K = {k} is not a multiple", tensor=name)
+        raise ShapeError(f"{fmt_id} stores blocks of {fmt.info.block}; K = {k} is not a multiple", tensor=name)
     return fmt
+
+
+def _output_parts(choice: FormatChoice, n: int, k: int, name: str):
+    """(part specs, their bytes) of one [n, k] weight in ``choice``'s format; the same for every
+    weight of a shape, so kept once per (format, shape) (a K3 plan asks 247,296 times)."""
+    try:
+        return _output_parts_of(choice.format, n, k)
+    except ShapeError:
+        _fmt_for(choice.format, n, k, name).part_specs((n, k), name=name)   # the error again, naming the weight
+        raise
+
+
+@functools.lru_cache(maxsize=1024)
+def _output_parts_of(fmt_id: str, n: int, k: int):
+    pspecs = tuple(_fmt_for(fmt_id, n, k, None).part_specs((n, k)).values())
+    return pspecs, sum(x.nbytes for x in pspecs)
 
 
 def _per_weight(b: _Builder, f: SourceWeight, logical, picks) -> None:
@@ -336,14 +353,13 @@ def _per_weight(b: _Builder, f: SourceWeight, logical, picks) -> None:
     for e, name, choice in picks:
         sl = f.slice(e)
         n, k = (logical[-2], logical[-1]) if f.mxfp4 else sl.out_shape
-        fmt = _fmt_for(choice, n, k, name)
+        pspecs, out_bytes = _output_parts(choice, n, k, name)
         base = f"{stem}.{e}.{proj_word}" if fused else (f.name[: -len(".weight")] if f.name.endswith(".weight")
                                                         else f.name)
-        pspecs = fmt.part_specs((n, k), name=name)
-        outputs = tuple((role, base + spec.suffix) for role, spec in pspecs.items())
+        outputs = tuple((spec.role, base + spec.suffix) for spec in pspecs)
         b.add(f, name=name, expert=e if fused else f.expert, projection=f.projection, slices=(sl,), shape=(n, k),
-              choice=choice, outputs=outputs, out_bytes=sum(x.nbytes for x in pspecs.values()), slice_index=e)
-        specs += [TensorSpec(base + spec.suffix, spec.dtype, spec.shape) for spec in pspecs.values()]
+              choice=choice, outputs=outputs, out_bytes=out_bytes, slice_index=e)
+        specs += [TensorSpec(base + spec.suffix, spec.dtype, spec.shape) for spec in pspecs]
     b.place([f], specs)
 
 
@@ -367,7 +383,7 @@ def _fused_output(b: _Builder, out_base: str, members: list[tuple[int, tuple[Sou
         raise ShapeError(f"gpt-oss layout stacks experts of one shape; {out_base} has {sorted(shapes)}")
     ((n, k),) = shapes
     choice = FormatChoice(choice.spec, GPT_OSS_MXFP4, None)
-    _fmt_for(choice, n, k, out_base)
+    _fmt_for(choice.format, n, k, out_base)
     one = fmt.part_specs((n, k), name=out_base)
     full = fmt.part_specs((n_e, n, k), name=out_base)
     outputs = tuple((role, out_base + spec.suffix) for role, spec in one.items())

@@ -67,13 +67,13 @@ class _Runner:
     """Weights computed in order, by a spawn process pool (``workers`` > 1) or in-process,
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
 
-    def __init__(self, ckpt, weights, workers: int, src_path: str | None, targets=None, keep_parts: bool = True):
+    def __init__(self, ckpt, weights, workers: int, src_path: str | None, place=None, keep_parts: bool = True):
         from . import worker as wk
 
         self._wk = wk
         self._ckpt = ckpt
         self._src_path = src_path
-        self._targets = targets
+        self._place = place   # weight -> {role: (file, offset)} its worker writes to, or None
         self._keep_parts = keep_parts
         self._queue = iter(weights)
         self._pending: deque = deque()
@@ -89,7 +89,7 @@ class _Runner:
             self._pending.append(("now", w))
             return
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
-        targets = None if self._targets is None else self._targets(w)
+        targets = None if self._place is None else self._place(w)
         self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts)))
 
     def __bool__(self) -> bool:
@@ -158,7 +158,7 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
             return {role: writer.place(name) for role, name in w.outputs
                     if writer.needs(name) and writer.specs[name].nbytes}
 
-        runner = _Runner(ckpt, todo, workers, src_path, targets=place)
+        runner = _Runner(ckpt, todo, workers, src_path, place=place)
         pos = {n: i for i, n in enumerate(ckpt.tensors)}
         drained = [0]
 

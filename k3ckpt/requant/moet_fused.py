@@ -72,9 +72,9 @@ def _check_candidates() -> None:
     t = _REFIT_TABLES
     assert UNIT_EXP == -_UNIT_SHIFT and np.array_equal(t.d, _CAND_D)
     assert np.array_equal((_candidate_levels() - _MAG_UNITS) ** 2, t.err)
-    for c, d in enumerate(_CAND_D):
-        assert np.array_equal(level_codes(t.a, t.b, int(d))[:8], np.where(np.arange(8) < _CAND_SPLIT[c], 2, 3))
-    assert np.array_equal(level_codes(t.a, t.b, 0), NIBBLE_TO_CODE)   # candidate 0: keep-scales
+    for c in range(len(_CAND_D)):
+        assert np.array_equal(_CODE16[c, :8], np.where(np.arange(8) < _CAND_SPLIT[c], 2, 3))
+    assert np.array_equal(_CODE16[0], NIBBLE_TO_CODE)   # candidate 0: keep-scales
     assert np.array_equal(t.lut[0], KEEP_LUT)
 
 
@@ -330,8 +330,8 @@ def requant_moet_reference(packed, scale, method: str = "refit", *, name: str | 
                     int(np.count_nonzero(np.asarray(new_scale) != np.asarray(scale))))
 
 
-_check_candidates()
 _CODE16 = np.stack([level_codes(_REFIT_TABLES.a, _REFIT_TABLES.b, int(d)) for d in _CAND_D]).astype(np.int64)
+_check_candidates()
 _MAX_ERR = _max_errors()
 _POW2 = np.ldexp(1.0, np.arange(_POW2_LO, -_POW2_LO + 1))
 _LANES = _nibble_lanes()

@@ -21,7 +21,6 @@ import re
 import stat
 import threading
 from collections.abc import ItemsView, Mapping, ValuesView
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, NamedTuple, Protocol, runtime_checkable
 
@@ -285,16 +284,17 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
         # Whole-table checks at C speed (a K3 index names 497,220 tensors); the
         # per-name walk in _explain_mismatch runs only to name what is wrong.
         held = sum(len(h.tensors) for h in headers.values())
+        # The table is keyed by the headers' own name strings: the index's copies (a K3's
+        # are 62 MB) are dropped once they are checked.
+        shard_of = {}
+        for s, h in headers.items():
+            shard_of.update(dict.fromkeys(h.tensors, s))
         if weight_map is not None:
             # Every header name maps to its own shard and the counts agree: then
             # no name sits in two headers and the index lists exactly these.
             agree = held == len(weight_map) and all(
                 set(map(weight_map.get, h.tensors)) == {s} for s, h in headers.items() if h.tensors)
-            shard_of = weight_map
         else:
-            shard_of = {}
-            for s, h in headers.items():
-                shard_of.update(dict.fromkeys(h.tensors, s))
             agree = held == len(shard_of)
     if not agree:
         _explain_mismatch(shards, headers, weight_map, root=root, index_source=index_source)

@@ -30,7 +30,7 @@ from .header import build_header, read_header
 _FILE_MODE = 0o644  # safetensors 0.8.0 writes 0600 (issue #782); we want shareable files
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorSpec:
     """Name, safetensors dtype string and shape of a tensor to be written."""
 

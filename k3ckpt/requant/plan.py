@@ -134,7 +134,7 @@ def parse_tensor_types(items: Iterable) -> tuple[tuple[str, FormatChoice], ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedWeight:
     """One weight to requantize: where its values come from and what it becomes."""
 
@@ -359,7 +359,7 @@ def _per_weight(b: _Builder, f: SourceWeight, logical, picks) -> None:
         outputs = tuple((spec.role, base + spec.suffix) for spec in pspecs)
         b.add(f, name=name, expert=e if fused else f.expert, projection=f.projection, slices=(sl,), shape=(n, k),
               choice=choice, outputs=outputs, out_bytes=out_bytes, slice_index=e)
-        specs += [TensorSpec(base + spec.suffix, spec.dtype, spec.shape) for spec in pspecs]
+        specs += [TensorSpec(out, spec.dtype, spec.shape) for (_, out), spec in zip(outputs, pspecs)]
     b.place([f], specs)
 
 

@@ -43,7 +43,7 @@ def stats_from_dict(d: dict) -> ErrorStats:
     return ErrorStats(**kw)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorResult:
     """What happened to one logical weight."""
 

@@ -44,7 +44,7 @@ _CHUNK_BYTES = 16 << 20   # decoded float32 bytes per row chunk
 _FP8_TILE = 128
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceSlice:
     """Where one weight's values are stored: a whole weight, or one expert of a fused tensor."""
 
@@ -69,7 +69,7 @@ class SourceSlice:
         return total // self.shape[0] if self.expert is not None else total
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceWeight:
     """A routed-expert weight (or fused all-expert tensor) as found in the source."""
 

@@ -205,6 +205,26 @@ def test_pool_worker_exit_skips_the_final_collection():
     assert out.strip() == "frozen True"
 
 
+def test_pool_workers_start_with_the_kernel_loaded():
+    """Where there is a fork server, workers are forked from it after it imported numba and
+    loaded the default kernel (_preload): about a second of CPU once, not once per worker."""
+    import multiprocessing
+    import subprocess
+    import sys
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server on this platform: workers are spawned")
+    probe = ("(__import__('sys').modules['k3ckpt.requant.moet_fused']._kernel.cache_info().currsize, "
+             "'k3ckpt.requant.worker' in __import__('sys').modules)")
+    code = ("from concurrent.futures import ProcessPoolExecutor\n"
+            "from k3ckpt.requant._stream import pool_context, start_pool_server\n"
+            "start_pool_server(2)\n"
+            "with ProcessPoolExecutor(1, mp_context=pool_context()) as ex:\n"
+            f"    print(pool_context().get_start_method(), *ex.submit(eval, {probe!r}).result())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["forkserver", "1", "True"]
+
+
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):
     a = run(gpt_oss_tiny, tmp_path / "one", workers=1, format="k3ckpt-mx2")
     b = run(gpt_oss_tiny, tmp_path / "two", workers=2, format="k3ckpt-mx2")

@@ -11,11 +11,13 @@ For each fixture it runs, in one go:
   a conversion that did nothing but stream the bytes would take;
 * ``k3ckpt requant SRC DST --format F --workers W`` as a child process, with the
   source dropped from the page cache first (it reads from the disk), its wall
-  time, and the peak RSS of the whole process tree (the child plus its
-  workers, sampled from /proc every 50 ms) next to the child's own peak.
+  time, and the peak memory of the whole process tree (the child, the pool's
+  fork server and its workers, sampled from /proc every 50 ms): summed PSS,
+  which counts the pages the workers share with the fork server once, beside
+  the summed RSS, which counts them in every process, and the child's own peak RSS.
 
 It prints the ratio wall / disk baseline (the issue's bar: within 1.5x) and
-the peak RSS at the large size over the small one (within 10%).
+the peak tree PSS at the large size over the small one (within 10%).
 """
 
 from __future__ import annotations
@@ -86,8 +88,23 @@ def write_synced(folder: Path, nbytes: int) -> float:
     return secs
 
 
-def _tree_rss(root: int) -> int:
-    """Summed RSS (bytes) of ``root`` and its descendants, from /proc."""
+def _pss(pid: int) -> int:
+    """Proportional set size (bytes): pages shared with other processes count by share."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_memory(root: int) -> tuple[int, int]:
+    """(summed RSS, summed PSS) in bytes of ``root`` and its descendants, from /proc.
+
+    Pool workers forked from a fork server share its pages (numba, the loaded kernels), which
+    the RSS sum counts once per process; the PSS sum counts them once in all."""
     parent: dict[int, int] = {}
     rss: dict[int, int] = {}
     for d in os.listdir("/proc"):
@@ -106,19 +123,20 @@ def _tree_rss(root: int) -> int:
         kids = [c for c, pp in parent.items() if pp == p and c not in keep]
         keep.update(kids)
         frontier.extend(kids)
-    return sum(rss.get(p, 0) for p in keep)
+    return sum(rss.get(p, 0) for p in keep), sum(_pss(p) for p in keep)
 
 
-def run_sampled(argv: list[str]) -> tuple[float, int, int]:
-    """(seconds, peak tree RSS, peak own RSS) of a child command."""
+def run_sampled(argv: list[str]) -> tuple[float, int, int, int]:
+    """(seconds, peak tree RSS, peak tree PSS, peak own RSS) of a child command."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            rss, pss = _tree_memory(proc.pid)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
             done.wait(0.05)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -129,7 +147,7 @@ def run_sampled(argv: list[str]) -> tuple[float, int, int]:
     err = proc.stderr.read().decode()
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"child failed: {' '.join(argv)}\n{err}")
-    return time.perf_counter() - t0, peak[0], usage.ru_maxrss * 1024
+    return time.perf_counter() - t0, peak[0], peak[1], usage.ru_maxrss * 1024
 
 
 def main() -> None:
@@ -150,24 +168,25 @@ def main() -> None:
             dst = root / f"out-e{experts}"
             shutil.rmtree(dst, ignore_errors=True)
             evict(src)
-            wall, tree, own = run_sampled([sys.executable, "-m", "k3ckpt", "requant", str(src), str(dst),
+            wall, tree, tree_pss, own = run_sampled([sys.executable, "-m", "k3ckpt", "requant", str(src), str(dst),
                                            "--format", args.format, "--workers", str(args.workers), "-q"])
             out_bytes = folder_bytes(dst)
             shutil.rmtree(dst)
             read_s, src_bytes = read_direct(src)
             write_s = write_synced(root, out_bytes)
             disk = read_s + write_s
-            peaks.append(tree)
+            peaks.append(tree_pss)
             times.append((src_bytes, wall / disk))
             print(f"{src.name}: source {src_bytes / 1e9:.2f} GB read in {read_s:.1f} s "
                   f"({src_bytes / read_s / 1e6:.0f} MB/s, O_DIRECT); output {out_bytes / 1e9:.2f} GB written+fsynced "
                   f"in {write_s:.1f} s ({out_bytes / write_s / 1e6:.0f} MB/s)")
             print(f"  requant --format {args.format} --workers {args.workers}: {wall:.1f} s wall = "
                   f"{wall / disk:.2f}x the disk baseline ({disk:.1f} s); "
-                  f"{src_bytes / wall / 1e6:.0f} MB/s of source; peak RSS tree {tree / 2**20:.0f} MiB, "
+                  f"{src_bytes / wall / 1e6:.0f} MB/s of source; peak tree PSS {tree_pss / 2**20:.0f} MiB "
+                  f"(RSS summed {tree / 2**20:.0f} MiB), "
                   f"main process {own / 2**20:.0f} MiB", flush=True)
         ratio = peaks[1] / peaks[0]
-        print(f"peak RSS (tree) large/small = {ratio:.3f} -> {flat_verdict(ratio)}")
+        print(f"peak PSS (tree) large/small = {ratio:.3f} -> {flat_verdict(ratio)}")
         size, speed = times[1]
         print(f"large fixture {size / 1e9:.2f} GB ({size / 2**30:.2f} GiB; the bar: >= 4 GB): wall "
               f"{speed:.2f}x the disk baseline -> {'within' if speed <= 1.5 else 'NOT within'} 1.5x")

@@ -206,14 +206,37 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
         return list(writer.shards)
 
 
+def pool_context():
+    """How pool workers start: forked from a fork server where the platform has one, else spawned.
+
+    Neither forks the parent, which holds open files and threads.  The fork server imports
+    ``_preload`` before its first fork, so numba and the default kernel are loaded once
+    instead of once per worker.  (The preload list is the multiprocessing module's own: it
+    is set here for a server not yet running; one already running keeps its list.)"""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([f"{__package__}._preload"])
+    return ctx
+
+
+def start_pool_server(workers: int) -> None:
+    """Start the fork server now, so its imports run while the parent plans (it starts on the
+    pool's first task otherwise)."""
+    if workers > 1 and pool_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _pool(workers: int, src_path: str | None, tasks: int):
     if workers <= 1 or tasks <= 1:
         return None
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from . import worker as wk
 
-    # spawn: no fork of a parent holding open files, threads and numba state
-    return ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=multiprocessing.get_context("spawn"),
+    return ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=pool_context(),
                                initializer=wk.init_worker, initargs=(src_path,))

@@ -122,6 +122,10 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, found {workers}")
+    if not dry_run:
+        from ._stream import start_pool_server
+
+        start_pool_server(workers)
     plan = plan_requant(ckpt, format=format, experts=experts, tensor_type=tensor_type, layout=layout)
     estimate = plan.estimated_seconds(workers)
     if target_bpw is not None:

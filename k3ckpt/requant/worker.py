@@ -196,7 +196,7 @@ def init_worker(src_path: str | None) -> None:
 
 
 def run_task(w, arrays=None, targets=None, keep_parts: bool = True):
-    """Pool entry point (module level, so the spawn start method can import it).
+    """Pool entry point (module level, so a worker finds it by name).
 
     ``targets`` maps output roles to (file, offset) from ``ShardedWriter.place``: those parts
     are written there and left out of the answer, so their bytes never cross the pipe;

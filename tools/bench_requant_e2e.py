@@ -12,7 +12,7 @@ For each fixture it runs, in one go:
 * ``k3ckpt requant SRC DST --format F --workers W`` as a child process, with the
   source dropped from the page cache first (it reads from the disk), its wall
   time, and the peak memory of the whole process tree (the child, the pool's
-  fork server and its workers, sampled from /proc every 50 ms): summed PSS,
+  fork server and its workers, sampled from /proc every 50 ms, PSS every 0.5 s): summed PSS,
   which counts the pages the workers share with the fork server once, beside
   the summed RSS, which counts them in every process, and the child's own peak RSS.
 
@@ -100,11 +100,13 @@ def _pss(pid: int) -> int:
     return 0
 
 
-def _tree_memory(root: int) -> tuple[int, int]:
-    """(summed RSS, summed PSS) in bytes of ``root`` and its descendants, from /proc.
+def _tree_memory(root: int, pss: bool) -> tuple[int, int]:
+    """(summed RSS, summed PSS or 0) in bytes of ``root`` and its descendants, from /proc.
 
     Pool workers forked from a fork server share its pages (numba, the loaded kernels), which
-    the RSS sum counts once per process; the PSS sum counts them once in all."""
+    the RSS sum counts once per process; the PSS sum counts them once in all.  PSS costs
+    about 1 ms a process to read (the kernel walks the page tables), so it is asked for less
+    often than RSS, not to take CPU from the run being measured."""
     parent: dict[int, int] = {}
     rss: dict[int, int] = {}
     for d in os.listdir("/proc"):
@@ -123,7 +125,7 @@ def _tree_memory(root: int) -> tuple[int, int]:
         kids = [c for c, pp in parent.items() if pp == p and c not in keep]
         keep.update(kids)
         frontier.extend(kids)
-    return sum(rss.get(p, 0) for p in keep), sum(_pss(p) for p in keep)
+    return sum(rss.get(p, 0) for p in keep), sum(_pss(p) for p in keep) if pss else 0
 
 
 def run_sampled(argv: list[str]) -> tuple[float, int, int, int]:
@@ -134,8 +136,10 @@ def run_sampled(argv: list[str]) -> tuple[float, int, int, int]:
     done = threading.Event()
 
     def sample():
+        n = 0
         while not done.is_set():
-            rss, pss = _tree_memory(proc.pid)
+            rss, pss = _tree_memory(proc.pid, pss=n % 10 == 0)   # RSS every 50 ms, PSS every 0.5 s
+            n += 1
             peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
             done.wait(0.05)
 

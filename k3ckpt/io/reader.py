@@ -289,13 +289,9 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
         shard_of = {}
         for s, h in headers.items():
             shard_of.update(dict.fromkeys(h.tensors, s))
-        if weight_map is not None:
-            # Every header name maps to its own shard and the counts agree: then
-            # no name sits in two headers and the index lists exactly these.
-            agree = held == len(weight_map) and all(
-                set(map(weight_map.get, h.tensors)) == {s} for s, h in headers.items() if h.tensors)
-        else:
-            agree = held == len(shard_of)
+        # No name sits in two headers, and (with an index) the index maps exactly these
+        # names to exactly these shards.
+        agree = held == len(shard_of) and (weight_map is None or shard_of == weight_map)
     if not agree:
         _explain_mismatch(shards, headers, weight_map, root=root, index_source=index_source)
     used = {s: sources[s] for s in shards}

@@ -100,7 +100,7 @@ def _rows_per_chunk(row_bytes: int, chunk_bytes: int) -> int:
 
 
 def _scan_mxfp4(ckpt: Checkpoint, codes: str, scales: str, acc: RoleScan, chunk_bytes: int) -> int:
-    ce, se = ckpt.entry(codes), ckpt.entry(scales)
+    ce = ckpt.entry(codes)
     rows = ce.shape[0] if ce.shape else 1
     step = _rows_per_chunk(ce.nbytes // max(rows, 1), chunk_bytes)
     read = 0

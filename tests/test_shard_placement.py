@@ -142,7 +142,7 @@ def robust_objective(pl: Placement, w, factors, kappa, drift, q):
     x = np.take_along_axis(w, pl.phy2log, axis=1) / c
     var = (drift * x) ** 2 + q * x / c
     y = np.take_along_axis(factors, pl.phy2log[:, :, None], axis=1) / c[:, :, None]
-    L, G = pl.layers, pl.num_gpus
+    G = pl.num_gpus
     onehot = (pl.slot2gpu[:, None] == np.arange(G)[None, :]).astype(float)  # [S, G]
     gl = x @ onehot
     gv = var @ onehot + (np.einsum("lsr,sg->lgr", y, onehot) ** 2).sum(axis=2)

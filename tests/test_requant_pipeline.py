@@ -225,6 +225,44 @@ def test_pool_workers_start_with_the_kernel_loaded():
     assert out.split() == ["forkserver", "1", "True"]
 
 
+def test_pool_workers_exit_when_the_parent_is_killed():
+    """SIGKILL (or SIGTERM's default action) gives the parent no chance to stop its pool:
+    the workers must notice it is gone and exit, not wait on the task queue forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("reads process states from /proc")
+    code = ("import os, time\n"
+            "from k3ckpt.requant._stream import _pool\n"
+            "ex = _pool(2, None, 4)\n"
+            "for f in [ex.submit(time.sleep, 0.3) for _ in range(2)]: f.result()\n"
+            "print(*ex._processes, flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has exited
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 15
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, workers))
+
+
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):
     a = run(gpt_oss_tiny, tmp_path / "one", workers=1, format="k3ckpt-mx2")
     b = run(gpt_oss_tiny, tmp_path / "two", workers=2, format="k3ckpt-mx2")

@@ -11,6 +11,7 @@ it grow with the checkpoint: about 200 MB for K3, rewritten after every shard.)
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from pathlib import Path
 
@@ -239,4 +240,4 @@ def _pool(workers: int, src_path: str | None, tasks: int):
     from . import worker as wk
 
     return ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=pool_context(),
-                               initializer=wk.init_worker, initargs=(src_path,))
+                               initializer=wk.init_worker, initargs=(src_path, os.getpid()))

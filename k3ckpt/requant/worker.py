@@ -18,6 +18,9 @@ large is pickled on the way in.
 from __future__ import annotations
 
 import math
+import os
+import select
+import time
 
 import numpy as np
 
@@ -178,11 +181,45 @@ def compute(ckpt, w, arrays=None):
     return w.index, parts, result
 
 
-def init_worker(src_path: str | None) -> None:
-    """Pool initializer: open the source once per worker process (None: tasks carry their arrays)."""
+def _exit_with(pid: int) -> None:
+    """End this process as soon as process ``pid`` has ended, from a daemon thread.
+
+    A pool worker otherwise outlives a parent killed by a signal it cannot handle (SIGKILL,
+    or SIGTERM's default action): it waits forever on the task queue, whose write end it
+    holds itself.  What it was writing stays in a ``.partial`` file that a resumed run
+    writes again."""
+    import threading
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)   # Linux: readable once the process has exited
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass   # alive, under another user (not expected)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="k3ckpt-parent-watch", daemon=True).start()
+
+
+def init_worker(src_path: str | None, parent_pid: int | None = None) -> None:
+    """Pool initializer: open the source once per worker process (None: tasks carry their
+    arrays), and exit when the process that made the pool does (``_exit_with``)."""
     global _CKPT
     import atexit
     import gc
+
+    if parent_pid is not None:
+        _exit_with(parent_pid)
 
     # A worker's exit otherwise spends about half a second in the interpreter's final garbage
     # collection over numba's objects, at the end of the run when nothing else is left to do.
@@ -210,8 +247,6 @@ def run_task(w, arrays=None, targets=None, keep_parts: bool = True):
 
 def write_at(path: str, offset: int, array: np.ndarray) -> None:
     """``array``'s bytes at ``offset`` of the existing file ``path``."""
-    import os
-
     from ..io.writer import pwrite_all
 
     fd = os.open(path, os.O_WRONLY)

@@ -206,14 +206,14 @@ def test_pool_worker_exit_skips_the_final_collection():
 
 
 def test_pool_workers_start_with_the_kernel_loaded():
-    """Where there is a fork server, workers are forked from it after it imported numba and
+    """On Linux, workers are forked from the fork server after it imported numba and
     loaded the default kernel (_preload): about a second of CPU once, not once per worker."""
     import multiprocessing
     import subprocess
     import sys
 
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        pytest.skip("no fork server on this platform: workers are spawned")
+    if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("workers are spawned on this platform")
     probe = ("(__import__('sys').modules['k3ckpt.requant.moet_fused']._kernel.cache_info().currsize, "
              "'k3ckpt.requant.worker' in __import__('sys').modules)")
     code = ("from concurrent.futures import ProcessPoolExecutor\n"

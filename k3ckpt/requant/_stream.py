@@ -208,15 +208,18 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
 
 
 def pool_context():
-    """How pool workers start: forked from a fork server where the platform has one, else spawned.
+    """How pool workers start: forked from a fork server on Linux, else spawned.
 
     Neither forks the parent, which holds open files and threads.  The fork server imports
     ``_preload`` before its first fork, so numba and the default kernel are loaded once
     instead of once per worker.  (The preload list is the multiprocessing module's own: it
-    is set here for a server not yet running; one already running keeps its list.)"""
+    is set here for a server not yet running; one already running keeps its list.)  Not on
+    macOS: system libraries there (numpy's Accelerate BLAS among them) may have started
+    threads before the server forks, which is why spawn is Python's default there."""
     import multiprocessing
+    import sys
 
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([f"{__package__}._preload"])

@@ -84,3 +84,21 @@ def test_fixture_by_profile_option(tmp_path):
         assert p.read_bytes() == (tmp_path / "k2t-name" / p.name).read_bytes(), p.name
     both = run("fixture", "--profile", "k3-tiny", "k3-tiny", tmp_path / "x")
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does():
+    """SIGTERM (what `timeout` and job schedulers send) becomes an exception in the main thread,
+    so a run shuts its pool down and leaves its partial files for --resume, then says so in
+    one line and exits 143; the previous handler is back afterwards."""
+    code = ("import os, signal, sys, time, types, click\n"
+            "from k3ckpt.cli import main as m\n"
+            "@click.command()\n"
+            "def command():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "mod = types.ModuleType('sleepy_cmd'); mod.command = command; sys.modules['sleepy_cmd'] = mod\n"
+            "m.COMMANDS['sleepy'] = ('sleepy_cmd', 'sends itself SIGTERM')\n"
+            "print(m.main(['sleepy']), signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert proc.stdout.split() == ["143", "True"], proc.stderr
+    assert proc.stderr.strip() == "k3ckpt: terminated"

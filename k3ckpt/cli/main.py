@@ -59,14 +59,32 @@ def error_message(exc: BaseException) -> str:
     return f"k3ckpt: error: {text} [{kind}]"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that a run stops
+    the same way: its pool shut down, its partial files left for --resume."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: users' mistakes become one line on stderr and exit status 2."""
+    import signal
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:   # not the main thread: leave signals to whoever runs us
+        previous = None
     try:
         cli.main(args=argv, prog_name="k3ckpt", standalone_mode=False)
     except K3ckptError as exc:
         click.echo(error_message(exc), err=True)
         return 2
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:   # click turns KeyboardInterrupt into Abort
+        if isinstance(exc.__cause__, Terminated):
+            click.echo("k3ckpt: terminated", err=True)
+            return 128 + signal.SIGTERM
         click.echo("k3ckpt: aborted", err=True)
         return 130
     except click.ClickException as exc:
@@ -74,9 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+    except Terminated:
+        click.echo("k3ckpt: terminated", err=True)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         click.echo("k3ckpt: interrupted", err=True)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -61,7 +61,8 @@ def error_message(exc: BaseException) -> str:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that a run stops
-    the same way: its pool shut down, its partial files left for --resume."""
+    the same way: its pool shut down, its unfinished file removed, its finished shards kept
+    for --resume."""
 
 
 def _on_sigterm(signum, frame):

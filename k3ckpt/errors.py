@@ -74,3 +74,8 @@ class NaNScaleError(K3ckptError, ValueError):
 
 class RemoteError(K3ckptError, ConnectionError):
     """A hub request failed in a way retries did not cure."""
+
+
+class WorkerLostError(K3ckptError, RuntimeError):
+    """A pool worker process ended without its result: killed from outside (the kernel's
+    out-of-memory killer, a signal), not an error in the input or in k3ckpt."""

@@ -263,6 +263,31 @@ def test_pool_workers_exit_when_the_parent_is_killed():
     assert not any(map(alive, workers))
 
 
+def test_a_worker_killed_from_outside_is_one_clear_error(k3_tiny):
+    """A worker that dies without a result (the OOM killer, a signal) is not a bug in k3ckpt:
+    WorkerLostError, which the CLI prints as one line, naming a weight and --resume."""
+    import os
+    import signal
+
+    from k3ckpt.errors import WorkerLostError
+    from k3ckpt.requant._stream import _Runner
+    from k3ckpt.requant.plan import plan_requant
+
+    with open_checkpoint(k3_tiny) as ck:
+        plan = plan_requant(ck, format="moet-w2")
+        runner = _Runner(ck, plan.weights, 2, str(k3_tiny), keep_parts=False)
+        try:
+            runner.next()   # the pool is up
+            for pid in list(runner._pool._processes):
+                os.kill(pid, signal.SIGKILL)
+            with pytest.raises(WorkerLostError, match=r"tensor '.*experts.*': a pool worker process ended"
+                                                      r".*rerun with --resume"):
+                while runner:
+                    runner.next()
+        finally:
+            runner.close()
+
+
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):
     a = run(gpt_oss_tiny, tmp_path / "one", workers=1, format="k3ckpt-mx2")
     b = run(gpt_oss_tiny, tmp_path / "two", workers=2, format="k3ckpt-mx2")

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 
+from ..errors import WorkerLostError
 from .plan import RequantPlan
 from .results import TensorResult
 
@@ -64,6 +66,11 @@ def _shard_results(plan: RequantPlan, writer) -> dict[str, list[int]]:
     return out
 
 
+def _worker_lost(name: str) -> WorkerLostError:
+    return WorkerLostError("a pool worker process ended without a result (killed from outside: out of memory, "
+                           "or a signal); finished shards are kept, rerun with --resume", tensor=name)
+
+
 class _Runner:
     """Weights computed in order, by a spawn process pool (``workers`` > 1) or in-process,
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
@@ -91,18 +98,29 @@ class _Runner:
             return
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
         targets = None if self._place is None else self._place(w)
-        self._pending.append(("fut", self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts)))
+        try:
+            future = self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts)
+        except BrokenProcessPool:
+            raise _worker_lost(w.name) from None
+        self._pending.append(("fut", (future, w.name)))
 
     def __bool__(self) -> bool:
         return bool(self._pending)
 
     def ready(self) -> bool:
         """The next result is already computed (never true in-process: it is computed on demand)."""
-        return bool(self._pending) and self._pending[0][0] == "fut" and self._pending[0][1].done()
+        return bool(self._pending) and self._pending[0][0] == "fut" and self._pending[0][1][0].done()
 
     def next(self):
         kind, item = self._pending.popleft()
-        got = self._wk.compute(self._ckpt, item) if kind == "now" else item.result()
+        if kind == "now":
+            got = self._wk.compute(self._ckpt, item)
+        else:
+            future, name = item
+            try:
+                got = future.result()
+            except BrokenProcessPool:
+                raise _worker_lost(name) from None
         self._submit()
         return got
 

@@ -288,6 +288,22 @@ def test_a_worker_killed_from_outside_is_one_clear_error(k3_tiny):
             runner.close()
 
 
+def test_too_little_space_is_refused_before_dst_exists(k3_tiny, tmp_path, monkeypatch):
+    """Not even a manifest is left behind: after freeing space, the same command runs as
+    it was typed (no --resume needed)."""
+    import shutil
+
+    from k3ckpt.errors import DiskSpaceError
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
+    with pytest.raises(DiskSpaceError, match="output needs .* bytes but only 100,000 are free"):
+        run(k3_tiny, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    assert run(k3_tiny, tmp_path / "out").results
+
+
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):
     a = run(gpt_oss_tiny, tmp_path / "one", workers=1, format="k3ckpt-mx2")
     b = run(gpt_oss_tiny, tmp_path / "two", workers=2, format="k3ckpt-mx2")

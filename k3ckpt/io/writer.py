@@ -30,6 +30,17 @@ from .header import build_header, read_header
 _FILE_MODE = 0o644  # safetensors 0.8.0 writes 0600 (issue #782); we want shareable files
 
 
+def free_space_for(path: str | os.PathLike, need: int) -> None:
+    """``DiskSpaceError`` unless the filesystem that holds ``path`` (or will: its nearest
+    existing parent) has ``need`` bytes free."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    free = shutil.disk_usage(p).free
+    if need > free:
+        raise DiskSpaceError(f"output needs {need:,} bytes but only {free:,} are free", file=str(path))
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
     """Name, safetensors dtype string and shape of a tensor to be written."""
@@ -272,10 +283,7 @@ class ShardedWriter:
                                         "pass overwrite=True to replace them", file=str(self.dst_dir))
         self.dst_dir.mkdir(parents=True, exist_ok=True)
         if check_free_space:
-            need = sum(sh.file_size for sh in self._shards.values() if not sh.done)
-            free = shutil.disk_usage(self.dst_dir).free
-            if need > free:
-                raise DiskSpaceError(f"output needs {need:,} bytes but only {free:,} are free", file=str(self.dst_dir))
+            free_space_for(self.dst_dir, sum(sh.file_size for sh in self._shards.values() if not sh.done))
 
     def _resume_done(self, done_shards: Collection[str]) -> None:
         for name in done_shards:

@@ -152,6 +152,10 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                "max_shard_bytes": max_shard_bytes, "target_bpw": target_bpw}
     if layout is not None:   # only when given, so manifests of earlier runs still match
         options["layout"] = layout
+    if not resume:   # before DST and its manifest exist; a resumed run's writer checks what is left
+        from ..io.writer import free_space_for
+
+        free_space_for(dst, plan.total_bytes)
     manifest = RunManifest.begin(dst, job=JOB, options=options, source=_source_identity(ckpt), resume=resume)
     allocation = None
     kept_results: list[TensorResult] = []

@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import DiskSpaceError, UsageError
+from ..errors import UsageError
 from ..io.manifest import RunManifest
 from ..io.reader import Checkpoint
-from ..io.writer import ShardedWriter, TensorSpec
+from ..io.writer import ShardedWriter, TensorSpec, free_space_for
 from .packs import (
     ExpertPack,
     PackBuilder,
@@ -350,19 +349,6 @@ class _MoetPack:
 
 
 # --------------------------------------------------------------------------- the job
-def _free_bytes(path: Path) -> int:
-    p = path
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
-
-
-def _check_space(dst: Path, need: int) -> None:
-    free = _free_bytes(dst)
-    if need > free:
-        raise DiskSpaceError(f"the output needs {need:,} bytes; {free:,} are free", file=str(dst))
-
-
 def estimate_bytes(src: SourceModel, works: list[RankWork], layout: str, tp: int = 1) -> int:
     """Bytes a fresh run writes (safetensors data + 1 MiB of headers and JSON per rank, packs;
     moet packs are sparse, so only their written rows count)."""
@@ -431,7 +417,7 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     options = {"layout": layout, "plan_sha256": hashlib.sha256(plan_json.encode()).hexdigest(),
                "ranks": [w.rank for w in works], "max_shard_bytes": max_shard_bytes, **moet_opts}
     if not resume:  # a fresh run: refuse a full disk before creating anything
-        _check_space(dst, estimate_bytes(src, works, layout, tp))
+        free_space_for(dst, estimate_bytes(src, works, layout, tp))
     identity = src.identity()
     hub = getattr(ckpt, "hub", None)
     if hub is not None:  # an hf:// source: pin the commit (a resumed run reopens exactly it)
@@ -442,7 +428,7 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     try:
         for w in works:
             outs.append(_RankOut(src, ckpt, w, dst, manifest, layout, plan, moet_opts, max_shard_bytes))
-        _check_space(dst, sum(o.bytes_to_write() for o in outs))
+        free_space_for(dst, sum(o.bytes_to_write() for o in outs))
         units = _units(src, outs)
         total = sum(n for _, _, n in units)
         with tqdm(total=total, unit="B", unit_scale=True, desc="shard", disable=not progress) as bar:

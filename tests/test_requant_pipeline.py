@@ -302,6 +302,10 @@ def test_too_little_space_is_refused_before_dst_exists(k3_tiny, tmp_path, monkey
     assert not (tmp_path / "out").exists()
     monkeypatch.undo()
     assert run(k3_tiny, tmp_path / "out").results
+    # A DST holding an earlier run is the first thing to say, whatever the free space.
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
+    with pytest.raises(OutputExistsError):
+        run(k3_tiny, tmp_path / "out")
 
 
 def test_worker_pool_gives_the_same_bytes(gpt_oss_tiny, tmp_path):

@@ -72,7 +72,7 @@ def _worker_lost(name: str) -> WorkerLostError:
 
 
 class _Runner:
-    """Weights computed in order, by a spawn process pool (``workers`` > 1) or in-process,
+    """Weights computed in order, by a process pool (``workers`` > 1; ``pool_context``) or in-process,
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
 
     def __init__(self, ckpt, weights, workers: int, src_path: str | None, place=None, keep_parts: bool = True):

@@ -152,7 +152,9 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                "max_shard_bytes": max_shard_bytes, "target_bpw": target_bpw}
     if layout is not None:   # only when given, so manifests of earlier runs still match
         options["layout"] = layout
-    if not resume:   # before DST and its manifest exist; a resumed run's writer checks what is left
+    if not resume and not (dst.is_dir() and any(dst.iterdir())):
+        # before DST and its manifest exist (a non-empty DST is refused or resumed by the manifest;
+        # a resumed run's writer checks what is left to write)
         from ..io.writer import free_space_for
 
         free_space_for(dst, plan.total_bytes)

@@ -69,6 +69,17 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def _stopped(exc: BaseException | None, message: str) -> int:
+    """A run stopped by a signal: one line and the shell's status for it (128 + the signal)."""
+    import signal
+
+    if isinstance(exc, Terminated):
+        click.echo("k3ckpt: terminated", err=True)
+        return 128 + signal.SIGTERM
+    click.echo(message, err=True)
+    return 128 + signal.SIGINT
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: users' mistakes become one line on stderr and exit status 2."""
     import signal
@@ -83,22 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(error_message(exc), err=True)
         return 2
     except click.exceptions.Abort as exc:   # click turns KeyboardInterrupt into Abort
-        if isinstance(exc.__cause__, Terminated):
-            click.echo("k3ckpt: terminated", err=True)
-            return 128 + signal.SIGTERM
-        click.echo("k3ckpt: aborted", err=True)
-        return 130
+        return _stopped(exc.__cause__, "k3ckpt: aborted")
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except BrokenPipeError:
         return 0
-    except Terminated:
-        click.echo("k3ckpt: terminated", err=True)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        click.echo("k3ckpt: interrupted", err=True)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _stopped(exc, "k3ckpt: interrupted")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

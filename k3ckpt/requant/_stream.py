@@ -94,7 +94,7 @@ class _Runner:
         if w is None:
             return
         if self._pool is None:
-            self._pending.append(("now", w))
+            self._pending.append((w, None))   # computed in-process, on demand
             return
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
         targets = None if self._place is None else self._place(w)
@@ -102,25 +102,24 @@ class _Runner:
             future = self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts)
         except BrokenProcessPool:
             raise _worker_lost(w.name) from None
-        self._pending.append(("fut", (future, w.name)))
+        self._pending.append((w, future))
 
     def __bool__(self) -> bool:
         return bool(self._pending)
 
     def ready(self) -> bool:
         """The next result is already computed (never true in-process: it is computed on demand)."""
-        return bool(self._pending) and self._pending[0][0] == "fut" and self._pending[0][1][0].done()
+        return bool(self._pending) and self._pending[0][1] is not None and self._pending[0][1].done()
 
     def next(self):
-        kind, item = self._pending.popleft()
-        if kind == "now":
-            got = self._wk.compute(self._ckpt, item)
+        w, future = self._pending.popleft()
+        if future is None:
+            got = self._wk.compute(self._ckpt, w)
         else:
-            future, name = item
             try:
                 got = future.result()
             except BrokenProcessPool:
-                raise _worker_lost(name) from None
+                raise _worker_lost(w.name) from None
         self._submit()
         return got
 

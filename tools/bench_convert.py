@@ -13,8 +13,9 @@ and records
 
 * wall time and MB/s of source;
 * peak RSS of the process tree (the child plus its pool workers, summed,
-  sampled from /proc by ``bench_requant_e2e._tree_rss`` every 40 ms) and the
-  largest single process's exact peak (``os.wait4``'s ru_maxrss);
+  sampled from /proc by ``bench_requant_e2e._tree_memory`` every 40 ms) and the
+  main process's exact peak (``os.wait4``'s ru_maxrss: on Linux the pool's workers are
+  forked from multiprocessing's fork server, so they are not among its waited children);
 * peak disk used by DST during the run: allocated bytes (``st_blocks * 512``)
   of every file under DST, hidden ``.partial`` temporaries included, sampled
   every 20 ms; and DST's final size.
@@ -44,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO))  # k3ckpt from this checkout, in this process and (cwd) in the children
-from bench_requant_e2e import _tree_rss  # noqa: E402
+from bench_requant_e2e import _tree_memory  # noqa: E402
 from bench_rss import flat_verdict, folder_bytes  # noqa: E402
 
 from k3ckpt.api import open_source  # noqa: E402
@@ -113,7 +114,7 @@ def allocated_bytes(folder: Path) -> int:
 class Run:
     wall_s: float
     tree_rss: int     # peak summed RSS of the child and its descendants (sampled; at least own_rss)
-    own_rss: int      # wait4's ru_maxrss: the largest peak of any one process of the tree, exact
+    own_rss: int      # wait4's ru_maxrss: the main process's peak (and any spawned worker's), exact
     peak_disk: int    # peak allocated bytes under DST (sampled every 20 ms)
     final_disk: int   # allocated bytes under DST at the end
     out_bytes: int    # file sizes under DST at the end
@@ -132,7 +133,7 @@ def run_measured(argv: list[str], dst: Path) -> Run:
             while not done.is_set():
                 peak["disk"] = max(peak["disk"], allocated_bytes(dst))
                 if tick % RSS_EVERY == 0:
-                    peak["rss"] = max(peak["rss"], _tree_rss(proc.pid))
+                    peak["rss"] = max(peak["rss"], _tree_memory(proc.pid, pss=False)[0])
                 tick += 1
                 peak["n"] = tick
                 done.wait(DISK_TICK_S)
@@ -233,7 +234,7 @@ def main() -> None:
           f"{time.perf_counter() - t_start:.0f} s in all\n")
     print("| fixture | W | source GB | output GB | wall s | MB/s of source | DST peak disk GB (temp over output) "
           "| disk: ours (source + DST peak) vs BF16 route (source + BF16 copy + output) GB "
-          "| peak RSS MiB: ours, tree (largest process) vs BF16 route (model in RAM) |")
+          "| peak RSS MiB: ours, tree (main process) vs BF16 route (model in RAM) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for spec, src, route, src_bytes, w, r in rows:
         bf16_disk = src_bytes + route.copy_bytes + r.out_bytes

@@ -74,6 +74,19 @@ def test_every_refit_candidate_wins_somewhere_and_matches_the_reference():
     assert set(moet.REFIT_WINDOW) - {2} <= moved   # d = +2 bounds the window but never wins alone
 
 
+@pytest.mark.parametrize("shape", [(300, 256), (3, 1100 * 32), (1, 32)])
+def test_fused_over_row_chunks(shape):
+    """Rows go through the kernel in chunks of about _CHUNK_BLOCKS blocks: several chunks with a
+    short last one, rows longer than a chunk, a single block."""
+    from k3ckpt.requant.moet_fused import _CHUNK_BLOCKS
+
+    rows, k = shape
+    assert rows * k // 32 > _CHUNK_BLOCKS or k // 32 > _CHUNK_BLOCKS or rows * k == 32
+    rng = np.random.default_rng(rows)
+    packed, scale = _mxfp4(rng, shape, 100, 140)
+    for method in ("refit", "keep-scales"):
+        _same(requant_moet(packed, scale, method), requant_moet_reference(packed, scale, method))
+
 
 def test_fused_counts_against_direct_counts():
     rng = np.random.default_rng(1)

@@ -275,6 +275,15 @@ def test_disk_space_preflight(ckpt, cache_plan, tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
+def test_full_disk_with_an_earlier_run_in_dst(ckpt, cache_plan, tmp_path, monkeypatch):
+    """A DST holding an earlier run is reported as that (pass --resume), whatever the free space."""
+    shard_checkpoint(ckpt, cache_plan, tmp_path / "x", progress=False)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
+    with pytest.raises(OutputExistsError, match="--resume"):
+        shard_checkpoint(ckpt, cache_plan, tmp_path / "x", progress=False)
+
+
 def test_dst_not_empty(ckpt, placement_plan, tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "other.txt").write_text("hi")

@@ -41,6 +41,15 @@ def free_space_for(path: str | os.PathLike, need: int) -> None:
         raise DiskSpaceError(f"output needs {need:,} bytes but only {free:,} are free", file=str(path))
 
 
+def is_fresh_output(dst: str | os.PathLike, resume: bool) -> bool:
+    """True for a run that will create its output from nothing: not ``resume``, and ``dst``
+    missing or an empty folder.  Commands check free space before creating such a DST; a DST
+    holding files is left to the run manifest (refused, or resumed), so that it is reported
+    as what it is whatever the free space, and a resumed run's writer checks what is left."""
+    dst = Path(dst)
+    return not resume and not (dst.is_dir() and any(dst.iterdir()))
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
     """Name, safetensors dtype string and shape of a tensor to be written."""

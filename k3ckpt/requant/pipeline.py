@@ -152,11 +152,9 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                "max_shard_bytes": max_shard_bytes, "target_bpw": target_bpw}
     if layout is not None:   # only when given, so manifests of earlier runs still match
         options["layout"] = layout
-    if not resume and not (dst.is_dir() and any(dst.iterdir())):
-        # before DST and its manifest exist (a non-empty DST is refused or resumed by the manifest;
-        # a resumed run's writer checks what is left to write)
-        from ..io.writer import free_space_for
+    from ..io.writer import free_space_for, is_fresh_output
 
+    if is_fresh_output(dst, resume):
         free_space_for(dst, plan.total_bytes)
     manifest = RunManifest.begin(dst, job=JOB, options=options, source=_source_identity(ckpt), resume=resume)
     allocation = None

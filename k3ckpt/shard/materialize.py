@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import UsageError
 from ..io.manifest import RunManifest
 from ..io.reader import Checkpoint
-from ..io.writer import ShardedWriter, TensorSpec, free_space_for
+from ..io.writer import ShardedWriter, TensorSpec, free_space_for, is_fresh_output
 from .packs import (
     ExpertPack,
     PackBuilder,
@@ -416,7 +416,7 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     plan_json = plan.to_json()
     options = {"layout": layout, "plan_sha256": hashlib.sha256(plan_json.encode()).hexdigest(),
                "ranks": [w.rank for w in works], "max_shard_bytes": max_shard_bytes, **moet_opts}
-    if not resume:  # a fresh run: refuse a full disk before creating anything
+    if is_fresh_output(dst, resume):   # refuse a full disk before creating anything
         free_space_for(dst, estimate_bytes(src, works, layout, tp))
     identity = src.identity()
     hub = getattr(ckpt, "hub", None)

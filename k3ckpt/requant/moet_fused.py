@@ -24,9 +24,10 @@ for LLVM's loop vectorizer (int32, no table loads, selects instead of
 branches) and take 8 and 4 blocks per step; table lookups stay in the
 scalar stages around them (the nibble counts before, the output codes
 after).  On one 3072 x 3584 weight this took the pass from 14.1 to 10.5 ms
-(``tools/bench_requant.py``'s machine).  Blocks whose
-values overflow float32 (E8M0 bytes >= 253, not seen in real weights) go
-through the metric's own per-element block step instead.
+(one core, best of 40; ``tools/bench_requant.py``'s ``refit+report`` row
+measures the same pass).  Blocks whose values overflow float32 (E8M0 bytes
+>= 253, not seen in real weights) go through the metric's own per-element
+block step instead.
 """
 
 from __future__ import annotations
@@ -254,8 +255,8 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, code16, f3
     ``acc`` in the metric's order and its counts to ``counts`` (source zeros, then codes 0..3);
     return the max row bias.
 
-    Rows go in chunks through three vectorizable stages (``_lane_counts``, ``_search``,
-    ``_block_sums``); then, block by block in order, the codes are written from the chosen
+    Rows go in chunks through three stages (``_lane_counts``, scalar; ``_search`` and
+    ``_block_sums``, which LLVM vectorizes); then, block by block in order, the codes are written from the chosen
     candidate's nibble table and the sums are added (in block order: the metric's floats
     depend on it)."""
     n_rows = packed.shape[0]

@@ -23,9 +23,10 @@ arithmetic for every block, so ``_search`` and ``_block_sums`` are written
 for LLVM's loop vectorizer (int32, no table loads, selects instead of
 branches) and take 8 and 4 blocks per step; table lookups stay in the
 scalar stages around them (the nibble counts before, the output codes
-after).  On one 3072 x 3584 weight this took the pass from 14.1 to 10.5 ms
-(one core, best of 40; ``tools/bench_requant.py``'s ``refit+report`` row
-measures the same pass).  Blocks whose values overflow float32 (E8M0 bytes
+after).  On one 3072 x 3584 weight this took the pass from 14.1 to 10.5 ms,
+and counting two nibbles per table load in stage 1 to 9.6 ms (one core, best
+of 40 and of 150; ``tools/bench_requant.py``'s ``refit+report`` row measures
+the same pass).  Blocks whose values overflow float32 (E8M0 bytes
 >= 253, not seen in real weights) go through the metric's own per-element
 block step instead.
 """
@@ -90,35 +91,37 @@ def _check_candidates() -> None:
     assert np.array_equal(_MAG_UNITS, np.array([0, 1, 2, 3, 4, 6, 8, 12]) << 8)   # _search's literals
 
 
-def _nibble_lanes() -> tuple[np.ndarray, np.ndarray]:
-    """MXFP4 byte -> its two nibbles counted in byte lanes: lane m of the first word counts
-    nibble m (sign clear), of the second nibble 8 + m (sign set).  A block's 32 nibbles keep
-    every lane below 256."""
+def _nibble_lanes() -> np.ndarray:
+    """MXFP4 byte -> its two nibbles counted in 4-bit lanes: a nibble of sign bit ``sign`` and
+    magnitude index m adds 1 to lane 2m + sign (bits 4 (2m + sign) and up)."""
     b = np.arange(256)
-    words = []
-    for sign in (0, 8):
-        w = np.zeros(256, np.uint64)
-        for nib in (b & 15, b >> 4):
-            w += np.where((nib & 8) == sign, np.left_shift(np.uint64(1), (8 * (nib & 7)).astype(np.uint64)),
-                          np.uint64(0))
-        words.append(w)
-    return words[0], words[1]
+    w = np.zeros(256, np.uint64)
+    for nib in (b & 15, b >> 4):
+        w += np.left_shift(np.uint64(1), (4 * (2 * (nib & 7) + (nib >> 3))).astype(np.uint64))
+    return w
 
 
-def _lane_counts(packed, r0, r1, lanes_pos, lanes_neg, both, pos):
-    """Stage 1, rows r0..r1: per block, the byte-lane counts of all nibbles (lane m: magnitude
-    m) and of the positive ones, as u64 words (two table loads and adds per byte)."""
+def _lane_counts(packed, r0, r1, nibble_lanes, both, pos):
+    """Stage 1, rows r0..r1: per block, the counts of all nibbles by magnitude (byte lane m:
+    magnitude m) and of the positive ones, as u64 words.  One table load per source byte adds
+    its two nibbles into 4-bit lanes (``_nibble_lanes``); seven bytes (14 nibbles) at most per
+    word keep every lane below 16, then the even lanes (positive) and odd lanes (negative) are
+    spread into byte lanes."""
     nb = packed.shape[1] // 16
+    low = np.uint64(0x0F0F0F0F0F0F0F0F)
+    four = np.uint64(4)
     for r in range(r0, r1):
         i0 = (r - r0) * nb
         for blk in range(nb):
             p0 = blk * 16
-            wa = np.uint64(0)
-            wb = np.uint64(0)
-            for j in range(16):
-                b = packed[r, p0 + j]
-                wa += lanes_pos[b]
-                wb += lanes_neg[b]
+            x = np.uint64(0)
+            y = np.uint64(0)
+            for j in range(7):
+                x += nibble_lanes[packed[r, p0 + j]]
+                y += nibble_lanes[packed[r, p0 + 7 + j]]
+            z = nibble_lanes[packed[r, p0 + 14]] + nibble_lanes[packed[r, p0 + 15]]
+            wa = (x & low) + (y & low) + (z & low)
+            wb = ((x >> four) & low) + ((y >> four) & low) + ((z >> four) & low)
             both[i0 + blk] = wa + wb
             pos[i0 + blk] = wa
 
@@ -249,7 +252,7 @@ def _block_sums(q_sxx, q_syy, q_see, q_se, q_sxy, q_max, q_exp, f_sxx, f_syy, f_
         f_max[i] = np.float64(q_max[i]) * one
 
 
-def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, code16, f32_lo, f32_hi, levels, e8m0,
+def _fused_loop(packed, scale, refit, nibble_lanes, cand_lut, code16, f32_lo, f32_hi, levels, e8m0,
                 out64, out_scale, acc, counts, xbuf, ybuf):
     """Encode every block (as moet._refit_kernel, or keep-scales), add its metric sums to
     ``acc`` in the metric's order and its counts to ``counts`` (source zeros, then codes 0..3);
@@ -277,7 +280,7 @@ def _fused_loop(packed, scale, refit, lanes_pos, lanes_neg, cand_lut, code16, f3
     for r0 in range(0, n_rows, rows):
         r1 = min(n_rows, r0 + rows)
         mm = (r1 - r0) * nb
-        _lane_counts(packed, r0, r1, lanes_pos, lanes_neg, both, pos)
+        _lane_counts(packed, r0, r1, nibble_lanes, both, pos)
         _search(both[:mm].view(np.uint32), pos[:mm].view(np.uint32), scale[r0:r1].reshape(mm), refit, best,
                 new_scale, q[0], q[1], q[2], q[3], q[4], q[5], q[6], slow, cnt)
         _block_sums(q[0, :mm], q[1, :mm], q[2, :mm], q[3, :mm], q[4, :mm], q[5, :mm], q[6, :mm],
@@ -372,7 +375,7 @@ def requant_moet(packed, scale, method: str = "refit", *, name: str | None = Non
     xbuf = np.empty((1, 32), np.float32)
     ybuf = np.empty((1, 32), np.float32)
     out64 = out.view(np.uint64)   # one word per block (K/4 bytes a row, a multiple of 8): one store, not 8
-    top = _kernel()(p, s, method == "refit", *_LANES, t.lut, _CODE16, NIBBLE_LO_F32, NIBBLE_HI_F32, LEVELS,
+    top = _kernel()(p, s, method == "refit", _LANES, t.lut, _CODE16, NIBBLE_LO_F32, NIBBLE_HI_F32, LEVELS,
                     E8M0_F32, out64, out_scale, acc, counts, xbuf, ybuf)
     if sys.byteorder == "big":
         out64.byteswap(inplace=True)   # the kernel puts column byte j in the word's bits 8j..8j+7

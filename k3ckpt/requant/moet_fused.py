@@ -259,9 +259,9 @@ def _fused_loop(packed, scale, refit, nibble_lanes, cand_lut, code16, f32_lo, f3
     return the max row bias.
 
     Rows go in chunks through three stages (``_lane_counts``, scalar; ``_search`` and
-    ``_block_sums``, which LLVM vectorizes); then, block by block in order, the codes are written from the chosen
-    candidate's nibble table and the sums are added (in block order: the metric's floats
-    depend on it)."""
+    ``_block_sums``, which LLVM vectorizes); then, block by block in order, the codes are
+    written from the chosen candidate's nibble table and the sums are added (in block order:
+    the metric's floats depend on it)."""
     n_rows = packed.shape[0]
     nb = scale.shape[1]
     k = nb * 32

@@ -41,24 +41,29 @@ SYNTHETIC_TRACE_TOKENS = 1024   # tokens of the synthetic held-out trace
 PCIE_EFFICIENCY = 0.8           # same as make_plan's default
 
 
-def resolve_geometry(source, *, format_id: str = FORMAT_ID, include_vision: bool = False,
-                     model_id: str | None = None) -> tuple[MoEGeometry, tuple[str, ...]]:
-    """``(geometry, notes)`` of ``source``: a ``MoEGeometry`` (used as is), an open
-    ``Checkpoint``, or a folder / file / ``hf://`` URL (headers only)."""
-    from .shard.geometry_from_checkpoint import check_format_id, moe_geometry_report
+def resolve_geometry(source, *, format_id: str | None = None, include_vision: bool = False,
+                     model_id: str | None = None, requant_report=None) -> tuple[MoEGeometry, str, tuple[str, ...]]:
+    """``(geometry, format id, notes)`` of ``source``: a ``MoEGeometry`` (used as is), an
+    open ``Checkpoint``, or a folder / file / ``hf://`` URL (headers only).  A None
+    format is ``stored`` for a mixed-format requant output, else MXFP4."""
+    from .shard.geometry_from_checkpoint import STORED, check_format_id, moe_geometry_report
 
-    check_format_id(format_id)
+    if format_id is not None:
+        check_format_id(format_id)
     if isinstance(source, MoEGeometry):
+        if requant_report is not None:
+            raise UsageError("a requant report needs the checkpoint it was made from, not a MoEGeometry")
         geo = source if model_id is None else dataclasses.replace(source, model_id=model_id)
-        return geo, ()
+        return geo, format_id or (STORED if geo.mixed else FORMAT_ID), ()
+    kw = dict(format_id=format_id, include_vision=include_vision, model_id=model_id, requant_report=requant_report)
     if hasattr(source, "tensors") and hasattr(source, "config"):
-        rep = moe_geometry_report(source, format_id=format_id, include_vision=include_vision, model_id=model_id)
-        return rep.geometry, rep.notes
-    from .api import open_source
+        rep = moe_geometry_report(source, **kw)
+    else:
+        from .api import open_source
 
-    with open_source(source) as ckpt:
-        rep = moe_geometry_report(ckpt, format_id=format_id, include_vision=include_vision, model_id=model_id)
-    return rep.geometry, rep.notes
+        with open_source(source) as ckpt:
+            rep = moe_geometry_report(ckpt, **kw)
+    return rep.geometry, rep.format_id, rep.notes
 
 
 def _size(n: float) -> str:
@@ -111,7 +116,7 @@ def check_capacity(geo: MoEGeometry, devices: DeviceSet, *, dense: str = "hbm") 
     even split over all GPUs; ``dense="host"`` needs them in each node's DRAM."""
     G, n = devices.num_gpus, devices.nodes
     per_gpu = devices.device.hbm_bytes - devices.reserved_bytes
-    experts = geo.expert_bytes * geo.experts * geo.moe_layers
+    experts = geo.all_expert_bytes
     model = geo.dense_bytes + experts
     hbm, host = G * per_gpu, n * devices.host_dram_bytes
     caps = [d.capacity_bytes for d in devices.nvme]
@@ -161,7 +166,8 @@ def plan(
     source,
     devices,
     *,
-    format_id: str = FORMAT_ID,
+    format_id: str | None = None,
+    requant_report=None,
     loads=None,
     trace=None,
     heldout=None,
@@ -182,7 +188,11 @@ def plan(
         source: checkpoint folder / file / ``hf://`` URL, an open ``Checkpoint``, or
             a ``MoEGeometry``.
         devices: a ``DeviceSet`` or a shorthand (``"64xGB200"``).
-        format_id: on-device format of the experts (sets the bytes per expert).
+        format_id: on-device format of the experts (sets the bytes per expert);
+            ``stored``: each expert as the checkpoint stores it; None: ``stored`` for
+            a requant output whose experts differ in format, else MXFP4.
+        requant_report: a requant report (file or folder) made from or into
+            ``source``: bytes per expert as it wrote them (format ``stored``).
         loads: ``[moe_layers, experts]`` array or a .npy / .json / .csv file; None:
             the trace's counts, else synthetic.
         trace: planning routing trace ``[tokens, moe_layers, top_k]`` (array or .npy):
@@ -212,8 +222,8 @@ def plan(
     for what, x in (("loads", loads), ("trace", trace), ("held-out trace", heldout)):
         if _is_file_arg(x) and not Path(x).is_file():
             raise NotFoundError(f"{what} file not found", file=str(x))
-    geo, geo_notes = resolve_geometry(source, format_id=format_id, include_vision=include_vision,
-                                      model_id=model_id)
+    geo, format_id, geo_notes = resolve_geometry(source, format_id=format_id, include_vision=include_vision,
+                                                 model_id=model_id, requant_report=requant_report)
     notes = list(geo_notes)
     loads_arr = None if loads is None else _load_array(loads, geo)
     trace_arr = None if trace is None else _trace_array(trace, geo)

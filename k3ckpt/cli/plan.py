@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import click
+import numpy as np
 
 from .render import human_bytes, table
 from .source import hub_option, source_argument
@@ -42,6 +43,25 @@ def _row(label: str, text: str) -> str:
     return f"{label:<16} {text}"
 
 
+def _expert_sizes(m) -> str:
+    if not m.mixed:
+        return f"{m.expert_bytes:,} B each"
+    t = m.bytes_table()
+    return f"{int(t.min()):,}-{int(t.max()):,} B each (mean {float(t.mean()):,.0f} B)"
+
+
+def _tier_bytes(p) -> np.ndarray:
+    """``[ranks, 2]`` bytes a cache plan keeps in HBM and in host DRAM per rank."""
+    c, m = p.cache, p.model
+    if not m.mixed:
+        return np.stack([c.hbm_slots, c.host_slots], axis=1).astype(np.int64) * m.expert_bytes
+    out = np.zeros((len(c.hbm_slots), 2), dtype=np.int64)
+    if c.preload.size:   # rows (rank, tier, layer, expert)
+        sizes = m.bytes_table()[c.preload[:, 2], c.preload[:, 3]]
+        np.add.at(out, (c.preload[:, 0], c.preload[:, 1]), sizes)
+    return out
+
+
 def render_plan(p) -> str:
     """The readable summary of a ``Plan`` (deterministic: no paths, no timings)."""
     m, d = p.model, p.devices
@@ -53,8 +73,8 @@ def render_plan(p) -> str:
         dense = "none on the GPUs (kept in host DRAM, see the notes)"
     lines = [
         _row("model", f"{m.model_id or '(unnamed)'}: {m.moe_layers} MoE layers x {m.experts} experts, top-{m.top_k}"),
-        _row("experts", f"{m.expert_bytes:,} B each in {p.format_id}; all routed experts "
-                        f"{_gb(m.expert_bytes * m.experts * m.moe_layers)}"),
+        _row("experts", f"{_expert_sizes(m)} " + ("as stored" if p.format_id == "stored" else f"in {p.format_id}")
+             + f"; all routed experts {_gb(m.all_expert_bytes)}"),
         _row("dense", dense),
         _row("devices", f"{d.describe()}; HBM {_gb(d.device.hbm_bytes)} per GPU, reserved {_gb(d.reserved_bytes)}; "
                         f"host DRAM {_gb(d.host_dram_bytes)} per node"),
@@ -68,7 +88,9 @@ def render_plan(p) -> str:
             _row("balancedness", f"{r.balancedness:.5f} (sum of mean / sum of max GPU load, planning loads)"),
             _row("gap to bound", f"{r.gap_to_lower_bound * 100:.4f} % above the lower bound"),
             _row("memory per GPU", f"{_gb(r.max_gpu_memory_bytes)} of {_gb(r.hbm_bytes)} (dense + reserved + "
-                                   f"{r.max_slots_per_gpu} slots x {m.moe_layers} layers x {m.expert_bytes:,} B)"),
+                                   f"{r.max_slots_per_gpu} slots x " + (
+                                       f"{m.moe_layers} layers x {m.expert_bytes:,} B)" if not m.mixed else
+                                       f"{_gb(m.expert_layer_bytes)}: each layer's largest expert)")),
             _row("remote dispatch", f"{r.remote_domain_fraction:.4f} of expert copies leave the scale-up domain; "
                                     f"{r.remote_domains_per_token:.2f} remote domains per token (over all layers)"),
             _row("all-to-all", f"{_gb(r.a2a_bytes_per_token)} per token (dispatch + combine), "
@@ -83,11 +105,12 @@ def render_plan(p) -> str:
             _row("layers", f"{_layer_ranges(m.layer_ids, c.layer_bounds)} (pipeline ranks)"),
         ]
         rows = []
+        tier_bytes = _tier_bytes(p)
         for g in range(len(c.hbm_slots)):
             keys = int(c.layer_bounds[g + 1] - c.layer_bounds[g]) * m.experts
             rest = keys - int(c.hbm_slots[g]) - int(c.host_slots[g])
-            rows.append((g, f"{int(c.hbm_slots[g]):,}", _gb(int(c.hbm_slots[g]) * m.expert_bytes),
-                         f"{int(c.host_slots[g]):,}", _gb(int(c.host_slots[g]) * m.expert_bytes),
+            rows.append((g, f"{int(c.hbm_slots[g]):,}", _gb(tier_bytes[g, 0]),
+                         f"{int(c.host_slots[g]):,}", _gb(tier_bytes[g, 1]),
                          f"{rest:,}", f"{int(active[g])}"))
         lines += ["", table(rows, ["rank", "HBM experts", "HBM bytes", "host experts", "host bytes",
                                    "NVMe experts", "active/token"]), ""]
@@ -115,6 +138,11 @@ def summary_dict(p) -> dict:
     d = p.to_dict()
     for key in ("placement", "cache"):
         d.pop(key, None)
+    per = d["model"].pop("per_expert_bytes", None)
+    if per is not None:   # [layers][experts]: summarised, like the arrays left out
+        table = p.model.bytes_table()
+        d["model"]["per_expert_bytes_summary"] = {"min": int(table.min()), "max": int(table.max()),
+                                                  "mean": float(table.mean()), "total": int(table.sum())}
     return d
 
 
@@ -145,13 +173,15 @@ def build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act
 
 
 def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads,
-                      trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, **_ignored):
+                      trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, requant_report=None,
+                      **_ignored):
     """What the command runs, from its parsed options (``src`` may also be a
     ``MoEGeometry``: the docs examples are checked this way without a checkpoint)."""
     from .. import planning
 
     ds = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
-    return planning.plan(src, ds, format_id=format_id, loads=loads, trace=trace, heldout=heldout,
+    return planning.plan(src, ds, format_id=format_id, requant_report=requant_report, loads=loads, trace=trace,
+                         heldout=heldout,
                          redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense, model_id=model_id,
                          seed=seed)
 
@@ -166,8 +196,13 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
 @click.option("--host-dram", metavar="SIZE", help="Host DRAM per node, e.g. 512GB.")
 @click.option("--reserve-kv", metavar="SIZE", help="HBM per GPU kept for the KV cache.")
 @click.option("--reserve-act", metavar="SIZE", help="HBM per GPU kept for activations.")
-@click.option("--format", "format_id", default="mxfp4-pack-quantized", show_default=True,
-              help="On-device expert format (sets the bytes per expert); see `k3ckpt formats`.")
+@click.option("--format", "format_id", default=None,
+              help="On-device expert format (sets the bytes per expert); see `k3ckpt formats`. 'stored': each "
+                   "expert as SRC stores it. Default: mxfp4-pack-quantized, or 'stored' when SRC's experts are "
+                   "stored in several formats (a --target-bpw requant output).")
+@click.option("--requant-report", type=click.Path(), metavar="FILE|DIR",
+              help="Bytes per expert as this requant report (requant_report.json or its folder) wrote them, "
+                   "for SRC the report was made from (or its output); implies --format stored.")
 @click.option("--loads", type=click.Path(dir_okay=False), help="Per-expert loads [moe_layers, experts]: "
               ".npy, .json or .csv (default: synthetic).")
 @click.option("--trace", type=click.Path(dir_okay=False),
@@ -184,8 +219,8 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the synthetic loads and trace.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (plan.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the plan without its arrays).")
-def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads, trace, heldout,
-            redundant, slots_per_gpu, mode, dense, model_id, seed, output, as_json):
+def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, requant_report, loads,
+            trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, output, as_json):
     """Place the experts of SRC on a device set, or lay out an expert cache.
 
     SRC is a checkpoint folder, a .safetensors file or an hf:// URL (headers only
@@ -194,9 +229,10 @@ def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act,
     simulated hit rates.
     """
     p = plan_from_options(src, devices=devices, device_file=device_file, nvme=nvme, host_dram=host_dram,
-                          reserve_kv=reserve_kv, reserve_act=reserve_act, format_id=format_id, loads=loads,
-                          trace=trace, heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode,
-                          dense=dense, model_id=model_id, seed=seed)
+                          reserve_kv=reserve_kv, reserve_act=reserve_act, format_id=format_id,
+                          requant_report=requant_report, loads=loads, trace=trace, heldout=heldout,
+                          redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
+                          model_id=model_id, seed=seed)
     if output:
         write_plan(p, output)
     if as_json:

@@ -312,12 +312,16 @@ def simulate(
 
 @dataclass(frozen=True)
 class TierStats:
-    """Hit rates of one policy on one rank (fractions of all accesses)."""
+    """Hit rates of one policy on one rank (fractions of all accesses); with experts of
+    different sizes also the bytes per token that miss HBM (``pcie_bytes``) and both
+    tiers (``nvme_bytes``)."""
 
     policy: str
     accesses: int
     hbm_hit: float
     host_hit: float
+    pcie_bytes: float | None = None
+    nvme_bytes: float | None = None
 
     @property
     def nvme_rate(self) -> float:
@@ -383,12 +387,15 @@ def simulate_rank(
     loads: np.ndarray,
     cache: RankCache,
     policies: tuple[str, ...] = POLICIES,
+    key_bytes: np.ndarray | None = None,
 ) -> dict[str, TierStats]:
     """Two-tier hit rates of every policy on one rank's part of a held-out trace.
 
     Args:
         trace: ``[tokens, moe_layers, top_k]`` held-out routing.
         loads: ``[moe_layers, experts]`` planning loads (warm start and static set).
+        key_bytes: ``[moe_layers * experts]`` bytes of every expert when they differ:
+            the stats then also count the missed bytes per token.
     """
     L, E = loads.shape
     nkeys = L * E
@@ -416,5 +423,10 @@ def simulate_rank(
             else np.zeros(miss.size, dtype=bool)
         )
         n = max(keys.size, 1)
-        out[policy] = TierStats(policy, int(keys.size), float(hit1.sum() / n), float(hit2.sum() / n))
+        missed = {}
+        if key_bytes is not None:
+            tokens = max(trace.shape[0], 1)
+            missed = dict(pcie_bytes=float(key_bytes[miss].sum() / tokens),
+                          nvme_bytes=float(key_bytes[miss[~hit2]].sum() / tokens))
+        out[policy] = TierStats(policy, int(keys.size), float(hit1.sum() / n), float(hit2.sum() / n), **missed)
     return out

@@ -13,8 +13,15 @@ Bytes of one expert, in the planned format:
 * a 2.25-bpw format id not (yet) in the registry (``moet-w2``, ``k3ckpt-mx2``):
   9 bytes per 32 weights (one scale byte + 32 two-bit codes), stated in the notes.
 
+* ``stored``: every expert as the checkpoint stores it, expert by expert (a
+  ``--target-bpw`` requant output mixes MXFP4 and 2.25-bpw experts); where the sizes
+  differ the geometry carries ``per_expert_bytes``.  A requant report
+  (``requant_report``) gives the same table for the checkpoint it was made from:
+  each reported weight counts at its written bytes, everything else as stored.
+
 Expert biases (gpt-oss) count as stored in every format.  Every expert must have the
-same tensors (names, dtypes, shapes), and every MoE layer the config's expert count.
+same tensors (names, dtypes, shapes), except with ``stored``, where only their
+weights must agree; every MoE layer must have the config's expert count.
 
 Dense bytes are all other text-model tensors (attention, shared experts, router,
 dense layers, norms, embeddings, head); the vision tower is left out unless
@@ -26,11 +33,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import InvalidFileError, NotFoundError, UnsupportedError, UsageError
-from .plan import MoEGeometry
+import numpy as np
 
-__all__ = ["GeometryReport", "TWO_BIT_FORMATS", "check_format_id", "expert_format_bytes", "moe_geometry",
-           "moe_geometry_report"]
+from ..errors import InvalidFileError, NotFoundError, UnsupportedError, UsageError
+from .plan import FORMAT_ID, MoEGeometry
+
+__all__ = ["GeometryReport", "STORED", "TWO_BIT_FORMATS", "check_format_id", "expert_format_bytes",
+           "moe_geometry", "moe_geometry_report"]
+
+STORED = "stored"   # format id: each expert's bytes as the checkpoint (or a requant report) has them
 
 # 2.25-bpw expert formats: 1 scale/selector byte + 32 two-bit codes (8 B) per 32 weights.
 TWO_BIT_FORMATS = ("moet-w2", "k3ckpt-mx2")
@@ -43,6 +54,7 @@ class GeometryReport:
 
     Attributes:
         geometry: what the planner needs.
+        format_id: the format planned (``format_id`` as given, or resolved from None).
         source_storage: storage id(s) of the experts on disk, ``+``-joined.
         expert_weights: ``(name, logical shape)`` of one expert's weights (suffix
             after ``experts.E.``), sorted by name.
@@ -53,6 +65,7 @@ class GeometryReport:
     """
 
     geometry: MoEGeometry
+    format_id: str
     source_storage: str
     expert_weights: tuple[tuple[str, tuple[int, ...]], ...]
     bytes_from: str
@@ -99,7 +112,7 @@ def check_format_id(format_id: str) -> None:
     """Refuse an unknown format id before any work (2.25-bpw ids always pass)."""
     from ..formats import get_format
 
-    if format_id in TWO_BIT_FORMATS:
+    if format_id in TWO_BIT_FORMATS or format_id == STORED:
         return
     try:
         get_format(format_id)
@@ -107,20 +120,33 @@ def check_format_id(format_id: str) -> None:
         raise UsageError(str(exc).replace("unknown format", "unknown --format", 1)) from None
 
 
-def moe_geometry_report(ckpt, *, format_id: str = "mxfp4-pack-quantized", include_vision: bool = False,
-                        model_id: str | None = None) -> GeometryReport:
+def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: bool = False,
+                        model_id: str | None = None, requant_report=None) -> GeometryReport:
     """See the module docstring.  ``ckpt`` is an open ``Checkpoint`` (``.config``,
     ``.tensors``: name -> entry with ``dtype``, ``shape``, ``nbytes``).
 
+    Args:
+        format_id: the planned expert format, ``stored``, or None: ``stored`` for a
+            k3ckpt requant output whose experts differ (its config declares the
+            formats), else MXFP4.
+        requant_report: a requant report (``requant_report.json`` or its folder) made
+            from ``ckpt`` or into it: bytes per expert as it wrote them (``stored``).
+
     Raises:
-        UsageError: unknown format id.
+        UsageError: unknown format id; a format other than ``stored`` with a report.
         UnsupportedError: not a mixture-of-experts model, or experts that differ in
             their tensors.
         InvalidFileError: headers that disagree with the config (expert counts).
     """
     from ..profiles import Role, detect, logical_params
 
-    check_format_id(format_id)
+    if requant_report is not None:
+        if format_id not in (None, STORED):
+            raise UsageError(f"a requant report gives the bytes of every expert; it cannot be combined with "
+                             f"format {format_id!r}")
+        format_id = STORED
+    if format_id is not None:
+        check_format_id(format_id)
     tensors = ckpt.tensors
     profile = detect(ckpt.config, tensors.keys())
     g = profile.geometry
@@ -128,6 +154,7 @@ def moe_geometry_report(ckpt, *, format_id: str = "mxfp4-pack-quantized", includ
         raise UnsupportedError(f"{profile.display_name}: the config names no routed experts; nothing to place")
     per_expert: dict[tuple[int, int | None], list] = {}
     expert_bytes: dict[tuple[int, int | None], int] = {}
+    weight_bytes: dict[str, int] = {}   # stored bytes per logical expert weight (for a report)
     storages: set[str] = set()  # of the weight parts (biases aside)
     bias_bytes: dict[tuple[int, int | None], int] = {}
     fused_e: dict[int, int] = {}
@@ -153,6 +180,8 @@ def moe_geometry_report(ckpt, *, format_id: str = "mxfp4-pack-quantized", includ
             bias_bytes[key] = bias_bytes.get(key, 0) + nb
         else:
             storages.add(r.storage)
+            if requant_report is not None:
+                weight_bytes[r.weight] = weight_bytes.get(r.weight, 0) + nb
         if r.expert is None and shape:
             fused_e[r.layer] = max(fused_e.get(r.layer, 0), shape[0])
     if not per_expert:
@@ -172,14 +201,24 @@ def moe_geometry_report(ckpt, *, format_id: str = "mxfp4-pack-quantized", includ
         raise InvalidFileError(f"config names MoE layers {missing[:5]} that have no expert tensors in the headers",
                                file="config.json")
 
-    # every expert must be the same tensors (names, parts, dtypes, shapes)
+    # every expert must be the same tensors (names, parts, dtypes, shapes); as stored,
+    # only the same weights (a mixed-format requant changes parts and shapes)
     signatures: dict[tuple, tuple[int, int | None]] = {}
     for key, items in per_expert.items():
         signatures.setdefault(tuple(sorted((a, b, c, d) for a, b, c, d, _ in items)), key)
+    if format_id is None:
+        # differing experts are a mixed-format requant output only where the config says so
+        from ..requant.qconfig import declared_groups
+
+        format_id = STORED if len(signatures) > 1 and declared_groups(ckpt.config) else FORMAT_ID
     if len(signatures) > 1:
         (a, b) = list(signatures.values())[:2]
-        raise UnsupportedError(f"experts differ in their tensors (layer {a[0]} expert {a[1]} vs layer {b[0]} "
-                               f"expert {b[1]}); the planner needs one expert size")
+        differ = f"experts differ in their tensors (layer {a[0]} expert {a[1]} vs layer {b[0]} expert {b[1]})"
+        if format_id != STORED:
+            raise UnsupportedError(f"{differ}; plan them as stored (format 'stored', --format stored) or plan on "
+                                   f"the checkpoint they were made from")
+        if len({tuple(sorted({it[0] for it in items})) for items in per_expert.values()}) > 1:
+            raise UnsupportedError(f"{differ}: not the same weights")
     key0 = next(iter(per_expert))
     fused = key0[1] is None
     e_div = fused_e.get(key0[0], 1) if fused else 1
@@ -192,7 +231,21 @@ def moe_geometry_report(ckpt, *, format_id: str = "mxfp4-pack-quantized", includ
     source_storage = "+".join(sorted(storages))
     all_experts = sum(expert_bytes.values())
     notes = []
-    if storages == {format_id}:
+    table = None
+    if format_id == STORED:
+        table = _stored_table(expert_bytes, fused_e, layers, g.experts)
+        how = "headers"
+        if requant_report is not None:
+            _apply_report(table, requant_report, layers, weight_bytes, fused=bool(fused_e))
+            how = "requant report"
+        per = int(table.max())
+        lo, mean = int(table.min()), float(table.mean())
+        sizes = f"{per:,} B per expert" if lo == per else f"{lo:,}-{per:,} B per expert (mean {mean:,.0f})"
+        notes.append(f"expert bytes as {'the requant report wrote them' if requant_report is not None else 'stored'}"
+                     f", expert by expert: {sizes}" + ("" if lo == per else
+                                                       "; placement sizes each layer's slots for its largest "
+                                                       "expert, cache tiers hold the hottest experts that fit"))
+    elif storages == {format_id}:
         per = expert_bytes[key0] // e_div
         how = "headers"
     else:
@@ -220,12 +273,49 @@ def moe_geometry_report(ckpt, *, format_id: str = "mxfp4-pack-quantized", includ
         model_id=model_id,
         # dispatch in MXFP8 (1 + 1/32 B per value) and combine in BF16 over the width experts read
         a2a_bytes_per_copy=hidden * 33 // 32 + hidden * 2,
+        per_expert_bytes=None if table is None else table,
     )
-    return GeometryReport(geometry, source_storage, weights, how, vision, tuple(notes))
+    return GeometryReport(geometry, format_id, source_storage, weights, how, vision, tuple(notes))
 
 
-def moe_geometry(ckpt, *, format_id: str = "mxfp4-pack-quantized", include_vision: bool = False,
-                 model_id: str | None = None) -> MoEGeometry:
+def _stored_table(expert_bytes: dict, fused_e: dict, layers: list[int], experts: int) -> np.ndarray:
+    """``int64 [layers, experts]`` stored bytes of every expert (a fused tensor split evenly)."""
+    row = {layer: i for i, layer in enumerate(layers)}
+    table = np.zeros((len(layers), experts), dtype=np.int64)
+    for (layer, e), nb in expert_bytes.items():
+        if e is None:
+            table[row[layer], :] += nb // fused_e[layer]
+        elif 0 <= e < experts:
+            table[row[layer], e] += nb
+        else:
+            raise InvalidFileError(f"layer {layer} has expert {e}; the config's experts are 0-{experts - 1}",
+                                   file="config.json")
+    return table
+
+
+def _apply_report(table: np.ndarray, path, layers: list[int], weight_bytes: dict, *, fused: bool) -> None:
+    """Each weight in the report at the bytes it wrote, in place of its stored bytes."""
+    from ..requant.report import load_report
+
+    if fused:
+        raise UnsupportedError("a requant report cannot be mapped onto fused expert tensors; plan on the requant "
+                               "output instead (format 'stored')")
+    report = load_report(path)
+    row = {layer: i for i, layer in enumerate(layers)}
+    for t in report.tensors:
+        if t.expert is None:
+            continue
+        stored = weight_bytes.get(t.name)
+        if stored is None or t.layer not in row or not 0 <= t.expert < table.shape[1]:
+            raise UsageError(f"the requant report names {t.name}, a routed-expert weight this checkpoint does not "
+                             "have: plan on the checkpoint the report was made from, or on its output")
+        table[row[t.layer], t.expert] += int(t.bytes) - stored
+    if (table < 1).any():
+        raise UsageError("the requant report leaves an expert with no bytes; it does not belong to this checkpoint")
+
+
+def moe_geometry(ckpt, *, format_id: str | None = None, include_vision: bool = False,
+                 model_id: str | None = None, requant_report=None) -> MoEGeometry:
     """The planner's geometry of ``ckpt`` with experts in ``format_id`` (see module doc)."""
-    return moe_geometry_report(ckpt, format_id=format_id, include_vision=include_vision,
-                               model_id=model_id).geometry
+    return moe_geometry_report(ckpt, format_id=format_id, include_vision=include_vision, model_id=model_id,
+                               requant_report=requant_report).geometry

@@ -106,7 +106,10 @@ def check_plan(src: SourceModel, plan: Plan, layout: str) -> None:
             f"the plan is for another model: {m.moe_layers} MoE layers {_span(m.layer_ids)} x {m.experts} experts "
             f"({m.model_id or 'unnamed'}); the checkpoint has {len(src.layers)} MoE layers {_span(src.layers)} x "
             f"{src.experts} experts")
-    want = {src.storage: src.expert_bytes}
+    want = {src.storage: src.expert_bytes, "stored": src.expert_bytes}
+    if m.mixed:
+        raise UsageError(f"the plan counts experts of different sizes (a mixed-format checkpoint); this checkpoint's "
+                         f"experts all take {src.expert_bytes:,} bytes")
     if layout == "moet":
         want["moet-w2"] = src.moet_slot_bytes()
     if plan.format_id not in want:

@@ -33,12 +33,15 @@ class MoEGeometry:
         experts: routed experts per layer ``E``.
         top_k: experts per token.
         expert_bytes: bytes of one expert (all its matrices and scales) on the
-            device, in the planned format.
+            device, in the planned format; with ``per_expert_bytes``, the largest.
         dense_bytes: bytes of everything else (attention, shared experts, dense
             layers, embeddings), replicated on every GPU in placement mode.
         layer_ids: model layer number of every MoE layer, ascending.
         model_id: free text (hub id).
         a2a_bytes_per_copy: dispatch + combine bytes of one (token, expert) copy.
+        per_expert_bytes: ``[moe_layers][experts]`` bytes of every expert when they
+            differ (mixed formats, e.g. a ``--target-bpw`` requant); None when every
+            expert takes ``expert_bytes``.
     """
 
     moe_layers: int
@@ -49,6 +52,7 @@ class MoEGeometry:
     layer_ids: tuple[int, ...]
     model_id: str = ""
     a2a_bytes_per_copy: int = 0
+    per_expert_bytes: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
         for what in ("moe_layers", "experts", "top_k", "expert_bytes"):
@@ -67,11 +71,41 @@ class MoEGeometry:
         object.__setattr__(self, "layer_ids", ids)
         for what in ("moe_layers", "experts", "top_k", "expert_bytes", "dense_bytes", "a2a_bytes_per_copy"):
             object.__setattr__(self, what, int(getattr(self, what)))
+        if self.per_expert_bytes is not None:
+            table = _bytes_table(self.per_expert_bytes, self.moe_layers, self.experts)
+            if int(table.max()) != self.expert_bytes:
+                raise UsageError(f"MoEGeometry.expert_bytes must be the largest of per_expert_bytes "
+                                 f"({int(table.max()):,}), found {self.expert_bytes:,}")
+            # one size throughout is the plain case: keep a single representation of it
+            mixed = bool((table != self.expert_bytes).any())
+            object.__setattr__(self, "per_expert_bytes", tuple(map(tuple, table.tolist())) if mixed else None)
+
+    @property
+    def mixed(self) -> bool:
+        """Experts differ in size (``per_expert_bytes`` is set)."""
+        return self.per_expert_bytes is not None
+
+    def bytes_table(self) -> np.ndarray:
+        """``int64 [moe_layers, experts]`` bytes of every expert."""
+        if self.per_expert_bytes is None:
+            return np.full((self.moe_layers, self.experts), self.expert_bytes, dtype=np.int64)
+        return np.array(self.per_expert_bytes, dtype=np.int64)
+
+    @property
+    def all_expert_bytes(self) -> int:
+        """Bytes of every routed expert, one copy each."""
+        if self.per_expert_bytes is None:
+            return self.expert_bytes * self.experts * self.moe_layers
+        return int(self.bytes_table().sum())
 
     @property
     def expert_layer_bytes(self) -> int:
-        """Bytes of one slot across all MoE layers (a slot holds one expert per layer)."""
-        return self.expert_bytes * self.moe_layers
+        """Bytes of one slot across all MoE layers (a slot holds one expert per layer).
+        Mixed sizes: each layer's slots are sized for its largest expert, as a runtime
+        that moves experts between slots (EPLB rebalancing) must allocate them."""
+        if self.per_expert_bytes is None:
+            return self.expert_bytes * self.moe_layers
+        return int(self.bytes_table().max(axis=1).sum())
 
     @property
     def active_experts(self) -> int:
@@ -98,12 +132,30 @@ class MoEGeometry:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["layer_ids"] = list(self.layer_ids)
+        if self.per_expert_bytes is None:
+            del d["per_expert_bytes"]   # plans of one expert size read as before
+        else:
+            d["per_expert_bytes"] = [list(row) for row in self.per_expert_bytes]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "MoEGeometry":
         _keys(d, cls, "model")
         return cls(**{**d, "layer_ids": tuple(d.get("layer_ids", ()))})
+
+
+def _bytes_table(rows, layers: int, experts: int) -> np.ndarray:
+    """``per_expert_bytes`` as an int64 array, checked: ``[layers, experts]`` positive integers."""
+    try:
+        table = np.array(rows, dtype=object)
+    except (ValueError, TypeError):
+        table = None
+    if table is None or table.shape != (layers, experts):
+        raise UsageError(f"MoEGeometry.per_expert_bytes must be [{layers}][{experts}] (MoE layers x experts)")
+    flat = table.ravel()
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in flat):
+        raise UsageError("MoEGeometry.per_expert_bytes must hold positive integers")
+    return table.astype(np.int64)
 
 
 def _keys(d, cls, where: str) -> None:

@@ -159,30 +159,44 @@ def _cache_layout(geometry, devices, loads, host_fraction):
     dense_share = -(-geometry.dense_bytes // G)
     free = devices.device.hbm_bytes - devices.reserved_bytes - dense_share
     hbm = free // eb if free > 0 else 0
-    if hbm < geometry.top_k:
+    if hbm < geometry.top_k and not geometry.mixed:   # mixed sizes: checked per rank below
         raise UsageError(
             f"cache mode: {devices.device.name} keeps {max(free, 0) / 1e9:.1f} GB after reserved memory and "
             f"{dense_share / 1e9:.1f} GB of dense weights per GPU: {hbm} experts, fewer than one token's "
             f"{geometry.top_k} in a layer"
         )
     per_node = devices.gpus_per_node
-    host = int(devices.host_dram_bytes * host_fraction) // per_node // eb
+    host_budget = int(devices.host_dram_bytes * host_fraction) // per_node
+    host = host_budget // eb
+    sizes = geometry.bytes_table().ravel() if geometry.mixed else None
     node = devices.gpu_node()
     ranks, preload = [], []
     for r in range(G):
         a, b = int(bounds[r]), int(bounds[r + 1])
         keys = (b - a) * E
-        c1 = min(hbm, keys)
-        c2 = min(host, keys - c1)
-        ranks.append(RankCache(r, int(node[r]), a, b, int(c1), int(c2)))
         order = hot_order(loads, a, b)[::-1]  # hottest first
+        if sizes is None:
+            c1 = min(hbm, keys)
+            c2 = min(host, keys - c1)
+        else:
+            # each tier holds the hottest experts that fit its bytes
+            filled = np.cumsum(sizes[order])
+            c1 = int(np.searchsorted(filled, free, side="right")) if free > 0 else 0
+            if c1 < min(geometry.top_k, keys):
+                raise UsageError(
+                    f"cache mode: {devices.device.name} keeps {max(free, 0) / 1e9:.1f} GB after reserved memory "
+                    f"and {dense_share / 1e9:.1f} GB of dense weights per GPU: rank {r} fits {c1} of its hottest "
+                    f"experts, fewer than one token's {geometry.top_k} in a layer")
+            base = int(filled[c1 - 1]) if c1 else 0
+            c2 = int(np.searchsorted(filled, base + host_budget, side="right")) - c1
+        ranks.append(RankCache(r, int(node[r]), a, b, int(c1), int(c2)))
         for tier, sel in ((0, order[:c1]), (1, order[c1 : c1 + c2])):
             preload.append(np.stack([np.full(sel.size, r), np.full(sel.size, tier), sel // E, sel % E], axis=1))
     # NVMe holds every expert a node's ranks run
     for n in range(devices.nodes):
         mine = [rc for rc in ranks if rc.node == n]
         spill = sum((rc.layer_stop - rc.layer_start) * E - rc.hbm_slots - rc.host_slots for rc in mine)
-        need = sum((rc.layer_stop - rc.layer_start) * E for rc in mine) * eb
+        need = sum(_layers_bytes(geometry, rc.layer_start, rc.layer_stop) for rc in mine)
         if spill > 0 and not devices.nvme:
             raise UsageError(
                 f"cache mode: {spill} experts of node {n} fit neither in HBM nor in host DRAM, and no NVMe drives "
@@ -196,11 +210,20 @@ def _cache_layout(geometry, devices, loads, host_fraction):
     return bounds, ranks, np.concatenate(preload).astype(np.int64)
 
 
+def _layers_bytes(geometry: MoEGeometry, start: int, stop: int) -> int:
+    """Bytes of every expert of MoE layers ``[start, stop)``."""
+    if not geometry.mixed:
+        return (stop - start) * geometry.experts * geometry.expert_bytes
+    return int(geometry.bytes_table()[start:stop].sum())
+
+
 def _ceilings(devices, ranks, per_rank, k, eb, pcie_efficiency):
     """Bytes per token and tokens/s ceilings of one policy (docs/planner.md)."""
     reads = np.array([(rc.layer_stop - rc.layer_start) * k * eb for rc in ranks], dtype=np.float64)
-    nvme_b = reads * np.array([s.nvme_rate for s in per_rank])
-    pcie_b = reads * np.array([1 - s.hbm_hit for s in per_rank])
+    nvme_b = np.array([s.nvme_bytes if s.nvme_bytes is not None else r * s.nvme_rate
+                       for r, s in zip(reads, per_rank, strict=True)])
+    pcie_b = np.array([s.pcie_bytes if s.pcie_bytes is not None else r * (1 - s.hbm_hit)
+                       for r, s in zip(reads, per_rank, strict=True)])
     node = np.array([rc.node for rc in ranks])
     node_b = np.bincount(node, weights=nvme_b, minlength=devices.nodes)
     bw = devices.nvme_read_bw
@@ -220,19 +243,28 @@ def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pci
     k, eb = geometry.top_k, geometry.expert_bytes
     from .cache import TierStats
 
+    sizes = geometry.bytes_table().ravel() if geometry.mixed else None
     if heldout is not None:
-        per_rank = [simulate_rank(heldout, loads, rc) for rc in ranks]
+        per_rank = [simulate_rank(heldout, loads, rc, key_bytes=sizes) for rc in ranks]
         names = POLICIES
     else:
         # no trace: the static hot set's share of the planning loads
         per_rank = []
         for rc in ranks:
-            sub = loads[rc.layer_start : rc.layer_stop].ravel()
+            order = hot_order(loads, rc.layer_start, rc.layer_stop)[::-1]   # hottest first, as the tiers
+            sub = loads.ravel()[order]
             tot = sub.sum()
-            srt = np.sort(sub)[::-1]
-            h1 = srt[: rc.hbm_slots].sum() / tot if tot > 0 else 0.0
-            h2 = srt[rc.hbm_slots : rc.hbm_slots + rc.host_slots].sum() / tot if tot > 0 else 0.0
-            per_rank.append({"static": TierStats("static", 0, float(h1), float(h2))})
+            c1, c12 = rc.hbm_slots, rc.hbm_slots + rc.host_slots
+            h1 = sub[:c1].sum() / tot if tot > 0 else 0.0
+            h2 = sub[c1:c12].sum() / tot if tot > 0 else 0.0
+            missed = {}
+            if sizes is not None:
+                # each layer's loads sum to tokens x top-k: a key's reads per token are
+                # load x layers x top-k / total
+                scale = (rc.layer_stop - rc.layer_start) * k / tot if tot > 0 else 0.0
+                per_read = sub * sizes[order] * scale
+                missed = dict(pcie_bytes=float(per_read[c1:].sum()), nvme_bytes=float(per_read[c12:].sum()))
+            per_rank.append({"static": TierStats("static", 0, float(h1), float(h2), **missed)})
         names = ("static",)
     rows = []
     for name in names:

@@ -166,7 +166,8 @@ def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceM
                                    f"0..{E - 1} in every MoE layer")
     sizes = {sum(ckpt.entry(n).nbytes for n, _, _ in g) for g in groups.values()}
     if len(sizes) != 1:
-        raise UnsupportedError(f"experts differ in size ({sorted(sizes)[:3]} bytes); shard needs equal experts")
+        raise UnsupportedError(f"experts differ in size ({sorted(sizes)[:3]} bytes); shard needs equal experts "
+                               "(a mixed-format requant output can be planned, not sharded yet)")
     storage = sorted(storages)[0] if len(storages) == 1 else "+".join(sorted(storages))
     inter = hidden = 0
     fp = parts[(layers[0], 0)]

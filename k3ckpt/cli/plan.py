@@ -181,9 +181,8 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
 
     ds = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
     return planning.plan(src, ds, format_id=format_id, requant_report=requant_report, loads=loads, trace=trace,
-                         heldout=heldout,
-                         redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense, model_id=model_id,
-                         seed=seed)
+                         heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
+                         model_id=model_id, seed=seed)
 
 
 @click.command("plan")

@@ -11,8 +11,7 @@ Bytes of one expert, in the planned format:
 * any other registered format: each expert weight's logical shape ``[rows, K]``
   through ``get_format(id).part_specs(shape)`` (per-tensor side parts included);
 * a 2.25-bpw format id not (yet) in the registry (``moet-w2``, ``k3ckpt-mx2``):
-  9 bytes per 32 weights (one scale byte + 32 two-bit codes), stated in the notes.
-
+  9 bytes per 32 weights (one scale byte + 32 two-bit codes), stated in the notes;
 * ``stored``: every expert as the checkpoint stores it, expert by expert (a
   ``--target-bpw`` requant output mixes MXFP4 and 2.25-bpw experts); where the sizes
   differ the geometry carries ``per_expert_bytes``.  A requant report

@@ -167,36 +167,31 @@ def _cache_layout(geometry, devices, loads, host_fraction):
         )
     per_node = devices.gpus_per_node
     host_budget = int(devices.host_dram_bytes * host_fraction) // per_node
-    host = host_budget // eb
-    sizes = geometry.bytes_table().ravel() if geometry.mixed else None
+    table = geometry.bytes_table()
+    sizes = table.ravel()
     node = devices.gpu_node()
     ranks, preload = [], []
     for r in range(G):
         a, b = int(bounds[r]), int(bounds[r + 1])
-        keys = (b - a) * E
         order = hot_order(loads, a, b)[::-1]  # hottest first
-        if sizes is None:
-            c1 = min(hbm, keys)
-            c2 = min(host, keys - c1)
-        else:
-            # each tier holds the hottest experts that fit its bytes
-            filled = np.cumsum(sizes[order])
-            c1 = int(np.searchsorted(filled, free, side="right")) if free > 0 else 0
-            if c1 < min(geometry.top_k, keys):
-                raise UsageError(
-                    f"cache mode: {devices.device.name} keeps {max(free, 0) / 1e9:.1f} GB after reserved memory "
-                    f"and {dense_share / 1e9:.1f} GB of dense weights per GPU: rank {r} fits {c1} of its hottest "
-                    f"experts, fewer than one token's {geometry.top_k} in a layer")
-            base = int(filled[c1 - 1]) if c1 else 0
-            c2 = int(np.searchsorted(filled, base + host_budget, side="right")) - c1
-        ranks.append(RankCache(r, int(node[r]), a, b, int(c1), int(c2)))
+        # each tier holds the hottest experts that fit its bytes (one size: budget // expert_bytes)
+        filled = np.cumsum(sizes[order])
+        c1 = int(np.searchsorted(filled, free, side="right")) if free > 0 else 0
+        if c1 < min(geometry.top_k, order.size):   # only mixed sizes get here (one size: checked above)
+            raise UsageError(
+                f"cache mode: {devices.device.name} keeps {max(free, 0) / 1e9:.1f} GB after reserved memory "
+                f"and {dense_share / 1e9:.1f} GB of dense weights per GPU: rank {r} fits {c1} of its hottest "
+                f"experts, fewer than one token's {geometry.top_k} in a layer")
+        base = int(filled[c1 - 1]) if c1 else 0
+        c2 = int(np.searchsorted(filled, base + host_budget, side="right")) - c1
+        ranks.append(RankCache(r, int(node[r]), a, b, c1, c2))
         for tier, sel in ((0, order[:c1]), (1, order[c1 : c1 + c2])):
             preload.append(np.stack([np.full(sel.size, r), np.full(sel.size, tier), sel // E, sel % E], axis=1))
     # NVMe holds every expert a node's ranks run
     for n in range(devices.nodes):
         mine = [rc for rc in ranks if rc.node == n]
         spill = sum((rc.layer_stop - rc.layer_start) * E - rc.hbm_slots - rc.host_slots for rc in mine)
-        need = sum(_layers_bytes(geometry, rc.layer_start, rc.layer_stop) for rc in mine)
+        need = sum(int(table[rc.layer_start : rc.layer_stop].sum()) for rc in mine)
         if spill > 0 and not devices.nvme:
             raise UsageError(
                 f"cache mode: {spill} experts of node {n} fit neither in HBM nor in host DRAM, and no NVMe drives "
@@ -208,13 +203,6 @@ def _cache_layout(geometry, devices, loads, host_fraction):
                 f"cache mode: node {n} NVMe holds {sum(caps) / 1e12:.2f} TB, its experts need {need / 1e12:.2f} TB"
             )
     return bounds, ranks, np.concatenate(preload).astype(np.int64)
-
-
-def _layers_bytes(geometry: MoEGeometry, start: int, stop: int) -> int:
-    """Bytes of every expert of MoE layers ``[start, stop)``."""
-    if not geometry.mixed:
-        return (stop - start) * geometry.experts * geometry.expert_bytes
-    return int(geometry.bytes_table()[start:stop].sum())
 
 
 def _ceilings(devices, ranks, per_rank, k, eb, pcie_efficiency):

@@ -176,7 +176,7 @@ def test_cli_plans_a_mixed_output_and_a_report(mixed, tmp_path, capsys):
     assert rc != 0 and "--format stored" in err and "Traceback" not in err
 
 
-def test_shard_takes_a_stored_plan_of_equal_experts_and_refuses_a_mixed_one(k3_tiny, tmp_path):
+def test_shard_checks_expert_sizes_against_the_plan(k3_tiny, mixed):
     from k3ckpt.shard.materialize import check_plan
     from k3ckpt.shard.source import read_source
 
@@ -188,5 +188,83 @@ def test_shard_takes_a_stored_plan_of_equal_experts_and_refuses_a_mixed_one(k3_t
         table = p.model.bytes_table()
         table[0, 0] -= 4096
         mixed_plan = dataclasses.replace(p, model=dataclasses.replace(p.model, per_expert_bytes=table))
-        with pytest.raises(UsageError, match="different sizes"):
+        with pytest.raises(UsageError, match="plan this checkpoint with --format stored"):
             check_plan(src, mixed_plan, "k3ckpt")
+    with open_source(mixed[1]) as ck:   # the mixed output with its source's plan (one size)
+        src = read_source(ck)
+        assert src.mixed and src.storage == "moet-w2+mxfp4-pack-quantized"
+        with pytest.raises(UsageError, match="plan this checkpoint with --format stored"):
+            check_plan(src, p, "k3ckpt")
+        check_plan(src, planning.plan(ck, "2xH100"), "k3ckpt")
+        with pytest.raises(UnsupportedError, match="layout 'moet' needs MXFP4"):
+            read_source(ck, moet=True)
+
+
+@pytest.mark.parametrize("mode", ["placement", "cache"])
+def test_shard_a_mixed_output(mixed, tmp_path, mode):
+    """Every expert as stored; a cache rank writes one pack per record layout, each in plan order."""
+    from k3ckpt.io.reader import open_checkpoint
+    from k3ckpt.shard.materialize import rank_work, shard_checkpoint
+    from k3ckpt.shard.packs import ExpertPack
+    from k3ckpt.shard.source import read_source
+    from k3ckpt.shard.verify import verify_output
+
+    _, out = mixed
+    devices = "2xH100" if mode == "placement" else parse_devices("2xRTX-5090", nvme="1x7")
+    with open_checkpoint(out) as ck:
+        p = planning.plan(ck, devices, mode=mode)
+        res = shard_checkpoint(ck, p, tmp_path / "sh", progress=False)
+        rep = verify_output(tmp_path / "sh", source=ck)
+        assert rep.ok, rep.problems
+        if mode == "placement":
+            return
+        src = read_source(ck)
+        for work in rank_work(src, p):
+            folder = tmp_path / "sh" / work.folder
+            info = json.loads((folder / "rank.json").read_text())
+            names = [x["pack"] for x in info["packs"]]
+            assert names[0] == "experts.pack" and len(names) > 1
+            assert next(r for r in res.ranks if r.rank == work.rank).more_packs == len(names) - 1
+            seen = []
+            for n in names:
+                pack = ExpertPack.load(folder / (n + ".json"))
+                keys = [(r.layer, r.expert) for r in pack.records]
+                assert keys == [k for k in work.pack if k in set(keys)]   # plan order within the pack
+                assert {src.expert_size(k) for k in keys} == {pack.record_bytes}
+                seen += keys
+            assert sorted(seen) == sorted(work.pack)                       # every expert exactly once
+        assert rep.records_checked == sum(len(w.pack) for w in rank_work(src, p))
+    assert res.mode == mode
+
+
+def test_shard_a_mixed_output_resumes_to_the_same_bytes(mixed, tmp_path, monkeypatch):
+    import hashlib
+
+    from k3ckpt.io.reader import open_checkpoint
+    from k3ckpt.shard import materialize
+
+    def hashes(root):
+        return {q.relative_to(root).as_posix(): hashlib.sha256(q.read_bytes()).hexdigest()
+                for q in sorted(root.rglob("*")) if q.is_file() and q.name != "k3ckpt-manifest.json"}
+
+    class Boom(Exception):
+        pass
+
+    real = materialize._copy_expert
+    calls = {"n": 0}
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 13:          # partway into the second MoE layer
+            raise Boom()
+        return real(*a, **k)
+
+    with open_checkpoint(mixed[1]) as ck:
+        p = planning.plan(ck, parse_devices("2xRTX-5090", nvme="1x7"), mode="cache")
+        materialize.shard_checkpoint(ck, p, tmp_path / "ref", progress=False)
+        monkeypatch.setattr(materialize, "_copy_expert", dying)
+        with pytest.raises(Boom):
+            materialize.shard_checkpoint(ck, p, tmp_path / "out", progress=False)
+        monkeypatch.setattr(materialize, "_copy_expert", real)
+        materialize.shard_checkpoint(ck, p, tmp_path / "out", progress=False, resume=True)
+    assert hashes(tmp_path / "out") == hashes(tmp_path / "ref")

@@ -93,7 +93,9 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
     click.echo(f"wrote {r.dst}: {r.mode} plan, layout {r.layout}, {len(r.ranks)} rank(s), {len(r.files)} file(s), "
                f"{human_bytes(r.bytes_written)}" + (f" ({r.files_resumed} kept from the earlier run)"
                                                     if r.files_resumed else ""))
-    rows = [(s.rank, s.folder, s.tensors, s.experts, s.pack or "-", s.pack_records) for s in r.ranks[:16]]
+    rows = [(s.rank, s.folder, s.tensors, s.experts,
+             (s.pack or "-") + (f" (+{s.more_packs} more)" if s.more_packs else ""), s.pack_records)
+            for s in r.ranks[:16]]
     click.echo(table(rows, ["rank", "folder", "tensors", "experts", "pack", "records"], "rllrlr"))
     if len(r.ranks) > 16:
         click.echo(f"... {len(r.ranks) - 16} more rank(s)")

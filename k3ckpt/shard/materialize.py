@@ -11,7 +11,8 @@ output that needs it (docs/shard.md):
   the dense tensors of its layers (non-layer tensors: embeddings and vision on
   the first rank, the rest on the last) plus its HBM-hot experts as safetensors,
   and an expert pack of every expert of its layers: ``experts.pack`` +
-  ``experts.pack.json`` (layout ``k3ckpt``), or the runtime's own pack in
+  ``experts.pack.json`` (layout ``k3ckpt``; one pack per record layout, ``experts-1.pack``
+  and on, when a mixed-format checkpoint has several), or the runtime's own pack in
   ``moet-store/`` (layout ``moet``, one pipeline stage per rank);
 * ``rank.json`` per rank (what it holds), ``plan.json`` (the plan used) and the
   run manifest ``k3ckpt-manifest.json`` (every final file's size and sha256).
@@ -84,6 +85,7 @@ class RankSummary:
     experts: int
     pack: str | None
     pack_records: int
+    more_packs: int = 0   # k3ckpt packs beside ``pack`` (one per further record layout)
 
 
 @dataclass(frozen=True)
@@ -106,21 +108,29 @@ def check_plan(src: SourceModel, plan: Plan, layout: str) -> None:
             f"the plan is for another model: {m.moe_layers} MoE layers {_span(m.layer_ids)} x {m.experts} experts "
             f"({m.model_id or 'unnamed'}); the checkpoint has {len(src.layers)} MoE layers {_span(src.layers)} x "
             f"{src.experts} experts")
+    if m.mixed or src.mixed:
+        # experts of several sizes: only a plan of every expert's stored bytes fits
+        if plan.format_id != "stored" or not np.array_equal(m.bytes_table(), src.bytes_table()):
+            raise UsageError(f"the plan counts {_sizes(m.bytes_table())} per expert ({plan.format_id}); this "
+                             f"checkpoint's experts take {_sizes(src.bytes_table())}: plan this checkpoint with "
+                             "--format stored")
     want = {src.storage: src.expert_bytes, "stored": src.expert_bytes}
-    if m.mixed:
-        raise UsageError(f"the plan counts experts of different sizes (a mixed-format checkpoint); this checkpoint's "
-                         f"experts all take {src.expert_bytes:,} bytes")
     if layout == "moet":
         want["moet-w2"] = src.moet_slot_bytes()
     if plan.format_id not in want:
         raise UsageError(f"the plan is for format {plan.format_id!r}; layout {layout!r} of this checkpoint writes "
                          f"{' or '.join(repr(k) for k in want)}")
-    if m.expert_bytes != want[plan.format_id]:
+    if not src.mixed and m.expert_bytes != want[plan.format_id]:
         raise UsageError(f"the plan counts {m.expert_bytes:,} bytes per {plan.format_id} expert; this checkpoint's "
                          f"experts take {want[plan.format_id]:,}")
     if layout == "moet" and plan.mode != "cache":
         raise UsageError("layout 'moet' writes NVMe packs, which only cache plans have (the runtime refuses EP/EPLB "
                          "placements); use layout 'k3ckpt' for a placement plan")
+
+
+def _sizes(table: np.ndarray) -> str:
+    lo, hi = int(table.min()), int(table.max())
+    return f"{lo:,} bytes each" if lo == hi else f"{lo:,}-{hi:,} bytes ({int(table.sum()):,} in all)"
 
 
 def _span(ids) -> str:
@@ -196,36 +206,63 @@ class _RankOut:
         self.layout = layout
         if work.pack:
             self.pack = _MoetPack(src, work, root, manifest, plan, moet_opts) if layout == "moet" else \
-                _K3Pack(src, ckpt, work, self.folder, manifest)
+                _k3_packs(src, ckpt, work, self.folder, manifest)
 
     def bytes_to_write(self) -> int:
         st = sum(s.nbytes for s in self.specs if self.writer.needs(s.name)) + (1 << 20)
         return st + (self.pack.bytes_to_write() if self.pack else 0)
 
 
+def _k3_packs(src: SourceModel, ckpt: Checkpoint, work: RankWork, folder: Path, manifest: RunManifest):
+    """The rank's k3ckpt packs: one per record layout (a mixed-format checkpoint has several),
+    ``experts.pack`` for the layout of the rank's first expert, then ``experts-1.pack``, ...;
+    each holds its experts in plan order."""
+    groups: dict[tuple, list] = {}
+    for key in work.pack:
+        entries = [(n, ckpt.entry(n), proj, part) for n, proj, part in src.expert_entries(key)]
+        layout = tuple((p.projection, p.part, p.dtype, p.shape) for p in record_parts(entries))
+        groups.setdefault(layout, []).append(key)
+    packs = [_K3Pack(src, ckpt, work, tuple(keys), _pack_name(i), folder, manifest)
+             for i, keys in enumerate(groups.values())]
+    return packs[0] if len(packs) == 1 else _K3Packs(packs)
+
+
+def _pack_name(i: int) -> str:
+    return PACK_NAME if i == 0 else PACK_NAME.replace(".pack", f"-{i}.pack")
+
+
 class _K3Pack:
-    def __init__(self, src: SourceModel, ckpt: Checkpoint, work: RankWork, folder: Path, manifest: RunManifest):
-        first = src.expert_entries(work.pack[0])
+    """One k3ckpt pack: the records of ``keys`` (one record layout), in that order."""
+
+    def __init__(self, src: SourceModel, ckpt: Checkpoint, work: RankWork, keys: tuple, name: str, folder: Path,
+                 manifest: RunManifest):
+        first = src.expert_entries(keys[0])
         self.parts = record_parts([(n, ckpt.entry(n), proj, part) for n, proj, part in first])
         self.record_bytes = sum(p.nbytes for p in self.parts)
         self.stride = align_up(self.record_bytes)
-        self.index = {k: i for i, k in enumerate(work.pack)}
+        self.keys = keys
+        self.index = {k: i for i, k in enumerate(keys)}
         self.work = work
-        layer0, e0 = work.pack[0]
-        templates = [name_template([src.expert_name(work.pack[0], p)], layer0, e0) for p in self.parts]
+        self.name = name
+        layer0, e0 = keys[0]
+        templates = [name_template([src.expert_name(keys[0], p)], layer0, e0) for p in self.parts]
         self.templates = None if any(t is None for t in templates) else tuple(templates)
-        self.rel = f"{work.folder}/{PACK_NAME}"
+        self.rel = f"{work.folder}/{name}"
         self.source_format = src.storage
         self.folder = folder
         self.done = manifest.done(self.rel) and manifest.done(self.rel + ".json")
-        self.builder = None if self.done else PackBuilder(folder, PACK_NAME, len(work.pack) * self.stride, manifest,
+        self.builder = None if self.done else PackBuilder(folder, name, len(keys) * self.stride, manifest,
                                                           f"pack:{self.rel}")
         self.sha: dict[tuple[int, int], str] = {}
-        self.left = {layer: sum(1 for k in work.pack if k[0] == layer) for layer in work.layers}
+        self.left = {layer: sum(1 for k in keys if k[0] == layer) for layer in work.layers}
         if self.builder is not None:
-            for k in work.pack:  # layers finished by an earlier run: hash their records back
+            for k in keys:  # layers finished by an earlier run: hash their records back
                 if k[0] in self.builder.done_layers:
                     self.sha[k] = sha256_bytes(self.builder.pread(self.index[k] * self.stride, self.record_bytes))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name,)
 
     def needs(self, key) -> bool:
         return key in self.index and self.builder is not None and key[0] not in self.builder.done_layers
@@ -237,7 +274,7 @@ class _K3Pack:
     def bytes_to_write(self) -> int:
         if self.builder is None:
             return 0
-        return sum(self.stride for k in self.work.pack if k[0] not in self.builder.done_layers) + (1 << 20)
+        return sum(self.stride for k in self.keys if k[0] not in self.builder.done_layers) + (1 << 20)
 
     def put(self, src: SourceModel, key, arrays: dict) -> None:
         for p in self.parts:
@@ -261,14 +298,45 @@ class _K3Pack:
         self.builder.finish()
         manifest.record(self.rel)
         records = tuple(PackRecord(layer, e, self.index[(layer, e)] * self.stride, self.record_bytes,
-                                   self.sha[(layer, e)]) for layer, e in self.work.pack)
-        pack = ExpertPack(pack=PACK_NAME, rank=self.work.rank, source_format=self.source_format,
+                                   self.sha[(layer, e)]) for layer, e in self.keys)
+        pack = ExpertPack(pack=self.name, rank=self.work.rank, source_format=self.source_format,
                           record_bytes=self.record_bytes,
                           stride=self.stride, file_size=len(records) * self.stride, parts=self.parts,
                           name_templates=self.templates, records=records)
         self.manifest_obj = pack
-        write_json_atomic(self.folder / (PACK_NAME + ".json"), pack.to_dict(), indent=None)
+        write_json_atomic(self.folder / (self.name + ".json"), pack.to_dict(), indent=None)
         manifest.record(self.rel + ".json")
+
+
+class _K3Packs:
+    """Several k3ckpt packs of one rank, one per record layout, used as one."""
+
+    def __init__(self, packs: list[_K3Pack]):
+        self.packs = packs
+        self.rel = packs[0].rel
+        self.of = {k: p for p in packs for k in p.keys}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.packs)
+
+    def needs(self, key) -> bool:
+        p = self.of.get(key)
+        return p is not None and p.needs(key)
+
+    def put(self, src: SourceModel, key, arrays: dict) -> None:
+        self.of[key].put(src, key, arrays)
+
+    def bytes_to_write(self) -> int:
+        return sum(p.bytes_to_write() for p in self.packs)
+
+    def close(self) -> None:
+        for p in self.packs:
+            p.close()
+
+    def finish(self, manifest: RunManifest) -> None:
+        for p in self.packs:
+            p.finish(manifest)
 
 
 class _MoetPack:
@@ -357,7 +425,7 @@ def estimate_bytes(src: SourceModel, works: list[RankWork], layout: str, tp: int
     moet packs are sparse, so only their written rows count)."""
     total = 0
     for w in works:
-        total += sum(src.nbytes(n) for n in w.dense) + len(w.experts) * src.expert_bytes + (1 << 20)
+        total += sum(src.nbytes(n) for n in w.dense) + sum(map(src.expert_size, w.experts)) + (1 << 20)
         if w.pack:
             if layout == "moet":
                 from .moet_pack import SlotGeometry
@@ -365,7 +433,7 @@ def estimate_bytes(src: SourceModel, works: list[RankWork], layout: str, tp: int
                 g = SlotGeometry.for_expert(src.intermediate, src.hidden, tp)
                 total += tp * len(w.layers) * src.experts * g.stride
             else:
-                total += len(w.pack) * align_up(src.expert_bytes)
+                total += sum(align_up(src.expert_size(k)) for k in w.pack)
     return total
 
 
@@ -460,7 +528,8 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     files = sorted(manifest.records)
     written = sum(manifest.records[n].size for n in files)
     summaries = tuple(RankSummary(o.work.rank, o.work.folder, len(o.specs), len(o.work.experts),
-                                  None if o.pack is None else o.pack.rel, len(o.work.pack)) for o in outs)
+                                  None if o.pack is None else o.pack.rel, len(o.work.pack),
+                                  len(o.pack.packs) - 1 if isinstance(o.pack, _K3Packs) else 0) for o in outs)
     manifest.finish(ranks=[o.work.rank for o in outs], files=len(files), bytes=written)
     return ShardResult(str(dst), plan.mode, layout, summaries, tuple(files), resumed, written)
 
@@ -473,7 +542,7 @@ def _units(src: SourceModel, outs: list[_RankOut]) -> list[tuple[str, object, in
             if any(what in o.tensor_set and o.writer.needs(what) for o in outs):
                 units.append((kind, what, src.nbytes(what)))
         elif any(_wants(src, o, what) for o in outs):
-            units.append((kind, what, src.expert_bytes))
+            units.append((kind, what, src.expert_size(what)))
     return units
 
 
@@ -524,4 +593,6 @@ def _rank_json(src: SourceModel, plan: Plan, layout: str, o: _RankOut) -> dict:
         else:
             d["pack"] = PACK_NAME
             d["pack_manifest"] = PACK_NAME + ".json"
+            if len(o.pack.names) > 1:   # experts of several record layouts: one pack each
+                d["packs"] = [{"pack": n, "pack_manifest": n + ".json"} for n in o.pack.names]
     return d

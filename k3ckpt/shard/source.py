@@ -30,7 +30,8 @@ class SourceModel:
     Attributes:
         storage: storage id of the routed experts (e.g. ``mxfp4-pack-quantized``).
         layers: MoE layers, ascending.  experts: routed experts per layer.
-        expert_bytes: bytes of one expert (all its tensors).
+        expert_bytes: bytes of the largest expert (all its tensors); ``expert_size``
+            gives each one (a mixed-format requant output has several sizes).
         num_hidden_layers: decoder layers (config), for the moet pack's ``n_layers``.
         intermediate, hidden: gate/up rows and their width (MXFP4 pair layout only, else 0).
         dense: every non-expert tensor, source order.
@@ -49,10 +50,27 @@ class SourceModel:
     _parts: dict = field(repr=False)           # (layer, expert) -> {(projection, part): name}
     _index: dict = field(repr=False)           # name -> source position
     _where: dict = field(repr=False)           # dense name -> (layer | None, role)
+    _sizes: dict = field(repr=False)           # (layer, expert) -> bytes of its tensors
 
     # -- experts ------------------------------------------------------------------
     def expert_entries(self, key) -> tuple[tuple[str, str, str], ...]:
         return self._groups[tuple(key)]
+
+    def expert_size(self, key) -> int:
+        return self._sizes[tuple(key)]
+
+    @property
+    def mixed(self) -> bool:
+        """Experts differ in size (stored in more than one format)."""
+        return any(n != self.expert_bytes for n in self._sizes.values())
+
+    def bytes_table(self) -> np.ndarray:
+        """``int64 [MoE layers, experts]`` bytes of every expert (as plan.json's ``per_expert_bytes``)."""
+        row = {layer: i for i, layer in enumerate(self.layers)}
+        table = np.zeros((len(self.layers), self.experts), dtype=np.int64)
+        for (layer, e), n in self._sizes.items():
+            table[row[layer], e] = n
+        return table
 
     def expert_name(self, key, part) -> str:
         """The source tensor of ``part`` (a ``PartSpec``: projection, part) for expert ``key``."""
@@ -164,10 +182,17 @@ def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceM
         if experts[layer] != list(range(E)):
             raise UnsupportedError(f"layer {layer} has experts {experts[layer][:3]}...; shard needs experts "
                                    f"0..{E - 1} in every MoE layer")
-    sizes = {sum(ckpt.entry(n).nbytes for n, _, _ in g) for g in groups.values()}
-    if len(sizes) != 1:
-        raise UnsupportedError(f"experts differ in size ({sorted(sizes)[:3]} bytes); shard needs equal experts "
-                               "(a mixed-format requant output can be planned, not sharded yet)")
+    sizes = {k: sum(ckpt.entry(n).nbytes for n, _, _ in g) for k, g in groups.items()}
+    part_sets = {frozenset(p) for p in parts.values()}
+    if len(part_sets) > 1:
+        a, b = sorted(part_sets, key=sorted)[:2]
+        raise UnsupportedError(f"experts differ in their parts ({sorted(a)} vs {sorted(b)}); shard needs the same "
+                               "tensors in every expert")
+    if len(set(sizes.values())) > 1:
+        # a mixed-format requant output: its parts keep their names, so name the formats its config declares
+        from ..requant.qconfig import declared_groups
+
+        storages.update(fid for fid, _ in declared_groups(ckpt.config))
     storage = sorted(storages)[0] if len(storages) == 1 else "+".join(sorted(storages))
     inter = hidden = 0
     fp = parts[(layers[0], 0)]
@@ -184,7 +209,8 @@ def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceM
     expert_names = {n for g in groups.values() for n, _, _ in g}
     dense = tuple(n for n in ckpt.tensors if n not in expert_names)
     where = {n: (roles[n].layer, roles[n].role) for n in dense}
-    return SourceModel(storage, layers, E, sizes.pop(), nhl, inter, hidden, dense, ckpt, groups, parts, index, where)
+    return SourceModel(storage, layers, E, max(sizes.values()), nhl, inter, hidden, dense, ckpt, groups, parts,
+                       index, where, sizes)
 
 
 def _check_moet(ckpt, storage, groups, parts, inter, hidden, tp) -> None:

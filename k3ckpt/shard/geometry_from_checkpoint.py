@@ -37,8 +37,8 @@ import numpy as np
 from ..errors import InvalidFileError, NotFoundError, UnsupportedError, UsageError
 from .plan import FORMAT_ID, MoEGeometry
 
-__all__ = ["GeometryReport", "STORED", "TWO_BIT_FORMATS", "check_format_id", "expert_format_bytes",
-           "moe_geometry", "moe_geometry_report"]
+__all__ = ["GeometryReport", "STORED", "TWO_BIT_FORMATS", "check_format_id", "expert_bytes_table",
+           "expert_format_bytes", "moe_geometry", "moe_geometry_report"]
 
 STORED = "stored"   # format id: each expert's bytes as the checkpoint (or a requant report) has them
 
@@ -232,7 +232,7 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
     notes = []
     table = None
     if format_id == STORED:
-        table = _stored_table(expert_bytes, fused_e, layers, g.experts)
+        table = expert_bytes_table(expert_bytes, layers, g.experts, fused_e)
         how = "headers"
         if requant_report is not None:
             _apply_report(table, requant_report, layers, weight_bytes, fused=bool(fused_e))
@@ -277,8 +277,9 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
     return GeometryReport(geometry, format_id, source_storage, weights, how, vision, tuple(notes))
 
 
-def _stored_table(expert_bytes: dict, fused_e: dict, layers: list[int], experts: int) -> np.ndarray:
-    """``int64 [layers, experts]`` stored bytes of every expert (a fused tensor split evenly)."""
+def expert_bytes_table(expert_bytes: dict, layers, experts: int, fused_e: dict | None = None) -> np.ndarray:
+    """``int64 [layers, experts]`` from bytes per ``(layer, expert)`` (``(layer, None)``: a fused
+    tensor of ``fused_e[layer]`` experts, split evenly)."""
     row = {layer: i for i, layer in enumerate(layers)}
     table = np.zeros((len(layers), experts), dtype=np.int64)
     for (layer, e), nb in expert_bytes.items():

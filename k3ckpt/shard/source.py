@@ -66,11 +66,9 @@ class SourceModel:
 
     def bytes_table(self) -> np.ndarray:
         """``int64 [MoE layers, experts]`` bytes of every expert (as plan.json's ``per_expert_bytes``)."""
-        row = {layer: i for i, layer in enumerate(self.layers)}
-        table = np.zeros((len(self.layers), self.experts), dtype=np.int64)
-        for (layer, e), n in self._sizes.items():
-            table[row[layer], e] = n
-        return table
+        from .geometry_from_checkpoint import expert_bytes_table
+
+        return expert_bytes_table(self._sizes, self.layers, self.experts)
 
     def expert_name(self, key, part) -> str:
         """The source tensor of ``part`` (a ``PartSpec``: projection, part) for expert ``key``."""

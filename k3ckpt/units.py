@@ -1,6 +1,41 @@
-"""Human-readable sizes and counts (decimal units), for the CLI and the reports."""
+"""Sizes and counts: reading sizes users type, writing human-readable ones.
+
+Decimal units (``GB`` = 1e9, ``TB`` = 1e12) and binary ones (``GiB`` = 2**30).  Every
+size option (``--host-dram``, ``--max-disk``, ``--max-shard-size``, ``--reserve-*``,
+``--nvme`` capacities, device-set files) reads through ``parse_size``.
+"""
 
 from __future__ import annotations
+
+import math
+import re
+
+from .errors import UsageError
+
+_UNITS = {"B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9, "T": 10**12,
+          "TB": 10**12, "P": 10**15, "PB": 10**15, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(text: str | int | float, what: str = "size") -> int:
+    """``"512GB"``, ``"1.5TB"``, ``"80GiB"``, ``"4096B"`` -> int bytes.
+
+    Text needs a unit: a bare ``"512"`` would be 512 bytes, which nobody means for
+    host DRAM or a disk budget (``llama-quantize`` and ``hf`` users type ``512G``).
+    A Python int or float is taken as bytes (API callers compute them)."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected a size, found {text!r}")
+    if isinstance(text, (int, float)):
+        if not math.isfinite(text) or text < 0:
+            raise UsageError(f"{what}: expected a non-negative size, found {text!r}")
+        return int(text)
+    m = _SIZE.fullmatch(str(text))
+    if m and not m.group(2):
+        raise UsageError(f"{what}: {str(text).strip()!r} has no unit; give a unit, e.g. {m.group(1)}GB "
+                         f"(or {m.group(1)}B for bytes)")
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UsageError(f"{what}: cannot read {text!r} as a size (examples: 512GB, 1.5TB, 80GiB)")
+    return int(round(float(m.group(1)) * _UNITS[m.group(2).upper()]))
 
 
 def human_bytes(n: int | float | None) -> str:

@@ -72,6 +72,25 @@ def test_nvme_and_bytes():
     for bad in ("12 parsecs", "-5G", "", True):
         with pytest.raises(UsageError):
             parse_bytes(bad)
+
+
+def test_sizes_need_a_unit():
+    """A bare "512" would be 512 bytes: text without a unit is refused, with the fix."""
+    from k3ckpt.units import parse_size
+
+    for bare in ("512", " 512 ", "1.5"):
+        with pytest.raises(UsageError, match=r"has no unit; give a unit, e\.g\. (512|1\.5)GB"):
+            parse_size(bare, "--host-dram")
+    assert parse_size("512GB") == 512 * GB and parse_size("4096B") == 4096 and parse_size("2PB") == 2 * 10**15
+    assert parse_size(4096) == 4096   # API callers pass ints: bytes
+    with pytest.raises(UsageError, match="no unit"):
+        parse_devices("2xRTX-5090", host_dram="512")
+    with pytest.raises(UsageError, match="no unit"):
+        parse_nvme("2x14@4")
+    with pytest.raises(UsageError, match="no unit"):
+        from k3ckpt.shard.devices import device_set_from_dict
+
+        device_set_from_dict({"device": "H100", "host_dram": "2048"})
     with pytest.raises(UsageError, match="leaves nothing"):
         parse_devices("RTX-4090", reserved_kv="30GB")
 

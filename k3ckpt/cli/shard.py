@@ -65,7 +65,7 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
     expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md)."""
     from .. import api
     from ..hub.options import hub_run_options
-    from ..shard.devices import parse_bytes
+    from ..units import parse_size as parse_bytes
     from ..shard.materialize import shard_checkpoint
 
     plan = load_plan(plan_path)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import NotFoundError, UsageError
+from ..units import parse_size
 
 __all__ = [
     "DeviceSpec",
@@ -238,22 +239,9 @@ class DeviceSet:
         )
 
 
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": GB, "GB": GB, "T": TB, "TB": TB,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
-    """``"512G"``, ``"1.5TB"``, ``"80GiB"`` or a plain number of bytes -> int bytes."""
-    if isinstance(text, bool):
-        raise UsageError(f"{what}: expected a size, found {text!r}")
-    if isinstance(text, (int, float)):
-        if not np.isfinite(text) or text < 0:
-            raise UsageError(f"{what}: expected a non-negative size, found {text!r}")
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise UsageError(f"{what}: cannot read {text!r} as a size (examples: 512G, 1.5TB, 80GiB)")
-    return int(round(float(m.group(1)) * _UNITS[m.group(2).upper()]))
+    """``units.parse_size`` (kept under this name for callers of ``shard.devices``)."""
+    return parse_size(text, what)
 
 
 def parse_nvme(text: str) -> tuple[NVMeDrive, ...]:

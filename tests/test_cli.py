@@ -102,3 +102,68 @@ def test_sigterm_stops_a_command_as_ctrl_c_does():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.stdout.split() == ["143", "True"], proc.stderr
     assert proc.stderr.strip() == "k3ckpt: terminated"
+
+
+# -- one line, exit 2: click's own usage errors and ours -------------------------------------------
+
+
+def _main(capsys, *args):
+    from k3ckpt.cli.main import main
+
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("args, message, cmd", [
+    (("requant",), "Missing argument 'SRC'.", "k3ckpt requant"),
+    (("nope",), "No such command 'nope'.", "k3ckpt"),
+    (("inspect", "--bogus", "x"), "No such option '--bogus'.", "k3ckpt inspect"),
+    (("fixture", "k3-tiny", "x", "--layers", "many"), "Invalid value for '--layers': 'many' is not a valid integer.",
+     "k3ckpt fixture"),
+])
+def test_click_usage_errors_are_one_line(capsys, args, message, cmd):
+    rc, out, err = _main(capsys, *args)
+    assert rc == 2 and out == ""
+    assert err == f"k3ckpt: error: {message} (see {cmd} --help)\n"
+
+
+def test_every_command_gives_one_line_usage_errors(capsys):
+    from k3ckpt.cli.main import COMMANDS
+
+    for name in COMMANDS:
+        rc, _, err = _main(capsys, name, "--no-such-option")
+        assert rc == 2, name
+        assert err.startswith("k3ckpt: error: No such option '--no-such-option'") and err.count("\n") == 1, err
+        assert err.endswith(f"(see k3ckpt {name} --help)\n"), err
+
+
+def test_our_errors_carry_no_class_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("K3CKPT_DEBUG", raising=False)
+    rc, _, err = _main(capsys, "inspect", tmp_path / "missing")
+    assert rc == 2 and err == f"k3ckpt: error: no such checkpoint folder or file: {tmp_path / 'missing'}\n"
+    # the kind is for debugging: K3CKPT_DEBUG=1 adds it, and the traceback
+    monkeypatch.setenv("K3CKPT_DEBUG", "1")
+    rc, _, err = _main(capsys, "inspect", tmp_path / "missing")
+    assert rc == 2 and "Traceback" in err and err.endswith(" [NotFoundError]\n")
+
+
+def test_failed_check_is_one_line_exit_1(capsys, tmp_path):
+    import click
+
+    from k3ckpt.cli import main as m
+
+    class Failed(click.ClickException):   # what `verify` raises when a file differs
+        exit_code = 1
+
+    @click.command()
+    def command():
+        raise Failed("2 problem(s) in out")
+
+    m.COMMANDS["failing"] = (__name__, "fails a check")
+    globals()["command"] = command
+    try:
+        rc, _, err = _main(capsys, "failing")
+    finally:
+        del m.COMMANDS["failing"], globals()["command"]
+    assert rc == 1 and err == "k3ckpt: failed: 2 problem(s) in out\n"

@@ -54,13 +54,13 @@ def test_inspect_hf_url_errors_are_one_line(hub, k3_tiny):
     hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
     bad = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny@nope")
     assert bad.returncode == 2
-    assert "no revision 'nope'" in bad.stderr and "[NotFoundError]" in bad.stderr
+    assert "no revision 'nope'" in bad.stderr and "Error]" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     malformed = run(hub, "inspect", "hf://justone")
     assert malformed.returncode == 2 and "hf://ORG/NAME[@REVISION][/SUBFOLDER]" in malformed.stderr
     hub.reset_log()
     offline = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny", HF_HUB_OFFLINE="1")
-    assert offline.returncode == 2 and "[RemoteError]" in offline.stderr and "cache" in offline.stderr
+    assert offline.returncode == 2 and "cache" in offline.stderr
     assert hub.log == []
 
 
@@ -87,7 +87,7 @@ def test_requant_cli_downloads_converts_within_budget_and_pushes(hub, k3_tiny, t
 def test_requant_cli_hub_option_errors(hub, k3_tiny, tmp_path):
     hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
     small = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "a", "--max-disk", "3MB")
-    assert small.returncode == 2 and "[DiskSpaceError]" in small.stderr and "largest source shard" in small.stderr
+    assert small.returncode == 2 and "largest source shard" in small.stderr
     assert len(small.stderr.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
     local = run(hub, "requant", k3_tiny, tmp_path / "b", "--max-disk", "1TB")
     assert local.returncode == 2 and "only for an hf:// source" in local.stderr

@@ -8,6 +8,7 @@ Each command lives in its own module (``k3ckpt/cli/<name>.py``) and is thin over
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -53,10 +54,36 @@ def cli():
 
 
 def error_message(exc: BaseException) -> str:
-    """One line for a user's mistake, named by the most specific k3ckpt kind."""
-    kind = next((c.__name__ for c in type(exc).__mro__ if c.__module__ == "k3ckpt.errors"), "K3ckptError")
+    """One line for a user's mistake: the message alone (the exception's class is for
+    debugging; ``K3CKPT_DEBUG=1`` adds it, with the traceback)."""
     text = " ".join(str(exc).split())
-    return f"k3ckpt: error: {text} [{kind}]"
+    if _debug():
+        text += f" [{_kind(exc)}]"
+    return f"k3ckpt: error: {text}"
+
+
+def usage_message(exc: click.UsageError) -> str:
+    """Click's own usage errors (missing argument, unknown option or command, bad value) in
+    the same one line, pointing at the help of the command that was given."""
+    path = exc.ctx.command_path if exc.ctx is not None else "k3ckpt"
+    text = " ".join(exc.format_message().split())
+    return f"k3ckpt: error: {text} (see {path} --help)"
+
+
+def _kind(exc: BaseException) -> str:
+    return next((c.__name__ for c in type(exc).__mro__ if c.__module__ == "k3ckpt.errors"), type(exc).__name__)
+
+
+def _debug() -> bool:
+    return os.environ.get("K3CKPT_DEBUG", "") not in ("", "0")
+
+
+def _echo_error(line: str) -> None:
+    if _debug():
+        import traceback
+
+        traceback.print_exc()
+    click.echo(line, err=True)
 
 
 class Terminated(KeyboardInterrupt):
@@ -91,12 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="k3ckpt", standalone_mode=False)
     except K3ckptError as exc:
-        click.echo(error_message(exc), err=True)
+        _echo_error(error_message(exc))
         return 2
     except click.exceptions.Abort as exc:   # click turns KeyboardInterrupt into Abort
         return _stopped(exc.__cause__, "k3ckpt: aborted")
+    except click.UsageError as exc:
+        _echo_error(usage_message(exc))
+        return 2
     except click.ClickException as exc:
-        exc.show()
+        # exit status 1 is a check that failed (`verify`); others are the user's mistakes
+        text = " ".join(exc.format_message().split())
+        _echo_error(f"k3ckpt: failed: {text}" if exc.exit_code == 1 else f"k3ckpt: error: {text}")
         return exc.exit_code
     except BrokenPipeError:
         return 0

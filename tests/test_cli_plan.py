@@ -259,6 +259,8 @@ MINI = {"device": {"base": "RTX-5090", "name": "Mini", "hbm": "2MB"}, "gpus": 2,
     (["--devices", "8xH100", "--loads", "missing.npy"], r"loads file not found"),
     (["--device-file", "mini.json"], r"dense .* need .* per GPU .*--dense host"),
     (["--devices", "1xRTX-4090", "--dense", "host"], r"host DRAM"),
+    (["--devices", "2xRTX-5090", "--host-dram", "512"], r"'512' has no unit; give a unit, e\.g\. 512GB"),
+    (["--devices", "2xRTX-5090", "--reserve-kv", "4"], r"'4' has no unit"),
 ])
 def test_plan_errors(k3_tiny, extra, match, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -2,17 +2,73 @@
 
 Each function takes plain arguments, returns a frozen dataclass and never prints
 or exits.  Errors from bad input are ``k3ckpt.errors.K3ckptError`` kinds.
+
+Parameters are the CLI's options under their Python names (``--target-bpw X`` is
+``target_bpw=X``; SIZE options take bytes or a string with a unit, ``"5GB"``).
+Progress: every function that can run long takes ``progress=``, off by default
+here; the CLI turns it on when stderr is a terminal and ``-q`` is not given.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import sys
 from pathlib import Path
 
-from .errors import NotFoundError
+from .errors import K3ckptError, NotFoundError
 from .io.reader import Checkpoint, open_checkpoint
 
+# Boolean CLI flags and what a Python caller passes instead; other ``--name`` become ``name=``.
+_FLAGS = {"--resume": "resume=True", "--dry-run": "dry_run=True", "--keep-source": "keep_source=True",
+          "--private": "private=True", "--overwrite": "overwrite=True"}
+_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?: (?=[\d'\"]))?")
 
+
+def _python_terms(text: str) -> str:
+    """``pass --resume`` -> ``pass resume=True``, ``--target-bpw 5`` -> ``target_bpw=5``."""
+    def one(m: re.Match) -> str:
+        flag = "--" + m.group(1)
+        if flag in _FLAGS:
+            return _FLAGS[flag] + (" " if m.group(0).endswith(" ") else "")
+        return m.group(1).replace("-", "_") + ("=" if m.group(0).endswith(" ") else "")
+    return _OPTION.sub(one, text)
+
+
+def _in_cli() -> bool:
+    click = sys.modules.get("click")
+    return click is not None and click.get_current_context(silent=True) is not None
+
+
+def _for_python(fn):
+    """Errors worded for Python callers: the library's messages name CLI flags (the CLI is
+    their main reader), which mean nothing to a script; inside the CLI they pass unchanged."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except K3ckptError as e:
+            if _in_cli() or "--" not in e.detail:
+                raise
+            try:
+                again = type(e)(_python_terms(e.detail), file=e.file, tensor=e.tensor)
+            except TypeError:   # a kind with its own constructor: keep it as it is
+                raise e from None
+            raise again.with_traceback(e.__traceback__) from None
+    return wrapper
+
+
+def _size(value, what: str) -> int | None:
+    """Bytes from an int or a string with a unit (``"5GB"``); None stays None."""
+    if value is None or isinstance(value, int):
+        return value
+    from .shard.devices import parse_bytes
+
+    return parse_bytes(str(value), what)
+
+
+@_for_python
 def open_source(src: str | os.PathLike) -> Checkpoint:
     """Open a checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``."""
     from .hub import is_hub_url
@@ -27,10 +83,17 @@ def open_source(src: str | os.PathLike) -> Checkpoint:
     return open_checkpoint(path)
 
 
+@_for_python
 def inspect(src: str | os.PathLike, *, scan: bool = False, tensors: bool = False, progress: bool = False):
-    """Report what ``src`` holds from headers; ``tensors=True`` lists every
-    tensor with its role; ``scan=True`` also reads the data (bounded memory) for
-    scale histograms, NaN/Inf counts, zero codes and amax."""
+    """Report what ``src`` holds from headers (``InspectReport``).
+
+    Args:
+        src: checkpoint folder, ``.safetensors`` file or ``hf://`` URL.
+        scan: also read the data (bounded memory) for scale histograms, NaN/Inf
+            counts, zero codes and amax.
+        tensors: list every tensor with its role.
+        progress: a tqdm bar on stderr while scanning.
+    """
     import dataclasses
 
     from .inspection import inspect_checkpoint, tensor_rows
@@ -49,68 +112,173 @@ def inspect(src: str | os.PathLike, *, scan: bool = False, tensors: bool = False
         return report
 
 
-def make_fixture(name: str, dst: str | os.PathLike, **options) -> Path:
-    """Generate a synthetic checkpoint (see ``k3ckpt.fixtures.FIXTURES``)."""
+@_for_python
+def make_fixture(name: str, dst: str | os.PathLike, *, seed: int = 0, layers: int | None = None,
+                 experts: int | None = None, overwrite: bool = False, progress: bool = False) -> Path:
+    """Generate synthetic checkpoint ``name`` in folder ``dst``; returns the checkpoint folder.
+
+    Args:
+        name: a fixture of ``k3ckpt.fixtures.FIXTURES`` (``k3-tiny``, ...), a source
+            fixture, or ``k3-virtual`` (the full-size K3 as headers over sparse files).
+        seed: seed of the generated values (same arguments, same bytes).
+        layers: decoder layers (fixture default if None).
+        experts: routed experts per MoE layer (fixture default if None).
+        overwrite: replace what ``dst`` holds.
+        progress: a tqdm bar on stderr while writing.
+    """
     from . import fixtures
 
     if name == "k3-virtual":
-        return fixtures.make_virtual_k3(dst)
-    return fixtures.make_fixture(name, dst, **options)
+        return fixtures.make_virtual_k3(dst, overwrite=overwrite)
+    return fixtures.make_fixture(name, dst, seed=seed, layers=layers, experts=experts, overwrite=overwrite,
+                                 progress=progress)
 
 
+@_for_python
 def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf16", tensors: str | None = None,
             progress: bool = False):
-    """Write a checkpoint whose selected quantized weights are decoded to ``dtype``."""
+    """Write ``dst``: ``src`` with its (selected) quantized weights decoded to ``dtype`` (``DequantResult``).
+
+    Args:
+        dtype: ``bf16``, ``f16`` or ``f32``.
+        tensors: a regex on tensor names choosing which weights to decode (default: all).
+        progress: a tqdm bar on stderr.
+    """
     from .dequant import dequant_checkpoint
 
     with open_source(src) as ckpt:
         return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress)
 
 
-def _staged(src, options: dict) -> bool:
-    """An hf:// source converted for real is downloaded shard by shard (``k3ckpt.hub.convert``);
-    a dry run reads headers by range requests."""
-    from .hub import is_hub_url
+@_for_python
+def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = "moet-w2", layout: str | None = None,
+            experts: str | list[str] | None = None, tensor_type=(), target_bpw: float | None = None,
+            workers: int | None = None, report: str | os.PathLike | None = None, dry_run: bool = False,
+            resume: bool = False, max_shard_size: int | str | None = None, max_disk: int | str | None = None,
+            staging: str | os.PathLike | None = None, keep_source: bool = False, progress: bool = False):
+    """Requantize the routed experts of ``src`` into ``dst`` (``RequantResult``; docs/requant.md).
 
-    return is_hub_url(str(src)) and not options.get("dry_run")
-
-
-def requant(src: str | os.PathLike, dst: str | os.PathLike, **options):
-    """Requantize the routed experts of ``src`` into ``dst`` (``k3ckpt.requant.pipeline.requant_checkpoint``;
-    hf:// sources also take ``max_disk``, ``staging``, ``keep_source``, see ``k3ckpt.hub.convert``)."""
+    Args:
+        src: checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``.
+        format: ``moet-w2`` (refit), ``moet-w2:keep-scales``, ``k3ckpt-mx2``, ``mxfp4``
+            or another target of ``k3ckpt formats``.
+        layout: ``format="mxfp4"`` only: ``compressed-tensors`` (default) or ``gpt-oss``.
+        experts: which routed-expert weights: a regex on logical names, or projections
+            (``"gate,up"`` or ``["down"]``); None: all.
+        tensor_type: ``["REGEX=FORMAT", ...]`` per-weight overrides, first match wins
+            (``keep`` leaves a weight in MXFP4).
+        target_bpw: mixed precision: keep the weights with the most error per byte in
+            MXFP4 so the average is this many bits per weight.
+        workers: worker processes (default: CPU count; 1 computes in this process).
+        report: folder for ``requant_report.{json,md,svg}`` (default: ``dst``).
+        dry_run: plan only (weights, bytes, time estimate); write nothing.
+        resume: continue an interrupted run in ``dst`` (same options).
+        max_shard_size: largest output shard, bytes or ``"5GB"`` (default 5 GB, as
+            transformers' ``save_pretrained``; the source's sharding is not kept).
+        max_disk, staging, keep_source: ``hf://`` sources only (``k3ckpt.hub.convert``):
+            bound downloaded shards plus output, where shards are staged, keep them.
+        progress: a tqdm bar on stderr.
+    """
     from .requant.pipeline import requant_checkpoint
 
-    if _staged(src, options):
+    options = dict(format=format, layout=layout, experts=experts, tensor_type=list(tensor_type),
+                   target_bpw=target_bpw, workers=workers, report_path=report, progress=progress,
+                   max_shard_bytes=_size(max_shard_size, "max_shard_size"))
+    hub_only = {"max_disk": max_disk, "staging": staging, "keep_source": keep_source}
+    from .hub import is_hub_url
+
+    if is_hub_url(str(src)) and not dry_run:
         from .hub.convert import requant_from_hub
 
-        return requant_from_hub(str(src), dst, **options).result
+        return requant_from_hub(str(src), dst, resume=resume, max_disk=_size(max_disk, "max_disk"),
+                                staging=staging, keep_source=keep_source, **options).result
+    if not is_hub_url(str(src)) and any(hub_only.values()):
+        from .errors import UsageError
+
+        given = ", ".join(k for k, v in hub_only.items() if v)
+        raise UsageError(f"{given}: only for an hf:// source; src is a local path")
     with open_source(src) as ckpt:
-        return requant_checkpoint(ckpt, dst, source_label=str(src), **options)
+        return requant_checkpoint(ckpt, dst, dry_run=dry_run, resume=resume, source_label=str(src), **options)
 
 
-def plan(src, devices, **options):
-    """Plan expert placement or an expert cache for a device set (``k3ckpt.planning.plan``)."""
+@_for_python
+def plan(src, devices, *, format: str | None = None, requant_report=None, loads=None, trace=None, heldout=None,
+         redundant: int | None = None, slots_per_gpu: int | None = None, mode: str = "auto", dense: str = "hbm",
+         model_id: str | None = None, seed: int = 1):
+    """Plan expert placement or an expert cache of ``src`` on ``devices`` (``Plan``; docs/planner.md).
+
+    Args:
+        src: checkpoint folder / file / ``hf://`` URL, an open ``Checkpoint`` or a ``MoEGeometry``.
+        devices: a ``DeviceSet`` or a shorthand (``"64xGB200"``, ``"2x8xH100"``).
+        format: on-device expert format (sets the bytes per expert); ``stored``: as the
+            checkpoint stores each expert; None: MXFP4, or ``stored`` for mixed experts.
+        requant_report: a requant report (file or folder): bytes per expert as it wrote them.
+        loads: ``[moe_layers, experts]`` per-expert loads, array or .npy / .json / .csv file.
+        trace: planning routing trace ``[tokens, moe_layers, top_k]`` (array or .npy).
+        heldout: held-out trace for the traffic figures and the cache simulation.
+        redundant: redundant expert slots per layer (placement mode).
+        slots_per_gpu: expert slots per GPU (placement mode).
+        mode: ``auto``, ``placement`` or ``cache``.
+        dense: ``hbm`` (dense weights on the GPUs) or ``host`` (in host DRAM).
+        model_id: name recorded in the plan.
+        seed: seed of the synthetic loads and trace.
+    """
     from .planning import plan as _plan
 
-    return _plan(src, devices, **options)
+    return _plan(src, devices, format_id=format, requant_report=requant_report, loads=loads, trace=trace,
+                 heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
+                 model_id=model_id, seed=seed)
 
 
-def shard(src: str | os.PathLike, plan_path: str | os.PathLike, dst: str | os.PathLike, **options):
-    """Write per-rank files and expert packs from a plan (``k3ckpt.shard.materialize.shard_checkpoint``)."""
-    from .shard.materialize import shard_checkpoint
+def _load_plan(plan):
     from .shard.plan import Plan
 
-    the_plan = Plan.from_json(Path(plan_path).read_bytes())
-    if _staged(src, options):
+    if isinstance(plan, Plan):
+        return plan
+    p = Path(plan)
+    if not p.is_file():
+        raise NotFoundError("no such plan file (a plan.json from k3ckpt plan)", file=str(p))
+    return Plan.from_json(p.read_bytes())
+
+
+@_for_python
+def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str = "k3ckpt", resume: bool = False,
+          ranks=None, ckpt_id: str | None = None, tag: str = "base", zero_mode: str = "auto", tp: int = 1,
+          max_shard_size: int | str = 5_000_000_000, max_disk: int | str | None = None,
+          staging: str | os.PathLike | None = None, keep_source: bool = False, progress: bool = False):
+    """Write per-rank files and expert packs of ``src`` into ``dst`` as ``plan`` says
+    (``ShardResult``; docs/shard.md).  The order is the CLI's: ``k3ckpt shard SRC DST --plan P``.
+
+    Args:
+        plan: a plan.json path (from ``k3ckpt plan -o``) or a ``Plan``.
+        layout: ``k3ckpt`` (packs of verbatim source records) or ``moet`` (vLLM-Moet's
+            2.25-bpw pack).
+        resume: continue an interrupted run in ``dst``.
+        ranks: write only these rank ids (default: all).
+        ckpt_id, tag, zero_mode: moet: the pack's identity.
+        tp: moet: tensor-parallel ranks per pipeline stage.
+        max_shard_size: safetensors shard size, bytes or ``"5GB"``.
+        max_disk, staging, keep_source: ``hf://`` sources only (see ``requant``).
+        progress: a tqdm bar on stderr.
+    """
+    from .hub import is_hub_url
+    from .shard.materialize import shard_checkpoint
+
+    the_plan = _load_plan(plan)
+    options = dict(layout=layout, ranks=ranks, ckpt_id=ckpt_id, tag=tag, zero_mode=zero_mode, tp=tp,
+                   max_shard_bytes=_size(max_shard_size, "max_shard_size"), progress=progress)
+    if is_hub_url(str(src)):
         from .hub.convert import shard_from_hub
 
-        return shard_from_hub(str(src), the_plan, dst, **options).result
+        return shard_from_hub(str(src), the_plan, dst, resume=resume, max_disk=_size(max_disk, "max_disk"),
+                              staging=staging, keep_source=keep_source, **options).result
     with open_source(src) as ckpt:
-        return shard_checkpoint(ckpt, the_plan, dst, **options)
+        return shard_checkpoint(ckpt, the_plan, dst, resume=resume, **options)
 
 
+@_for_python
 def verify(dst: str | os.PathLike, *, source: str | os.PathLike | None = None):
-    """Re-check a ``shard`` output folder against its manifest (and the source)."""
+    """Re-check a ``shard`` output folder against its manifest (and ``source``, when given)."""
     from .shard.verify import verify_output
 
     return verify_output(dst, source=source)

@@ -45,5 +45,5 @@ def command(workdir):
     click.echo(f"\n== 5. k3ckpt plan {src} --devices 2xH100 --format moet-w2")
     from .plan import render_plan
 
-    click.echo(render_plan(api.plan(src, "2xH100", format_id="moet-w2")))
+    click.echo(render_plan(api.plan(src, "2xH100", format="moet-w2")))
     click.echo(f"\nAll outputs are under {root}")

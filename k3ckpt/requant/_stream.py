@@ -232,13 +232,17 @@ def pool_context():
     instead of once per worker.  (The preload list is the multiprocessing module's own: it
     is set here for a server not yet running; one already running keeps its list.)  Not on
     macOS: system libraries there (numpy's Accelerate BLAS among them) may have started
-    threads before the server forks, which is why spawn is Python's default there."""
+    threads before the server forks, which is why spawn is Python's default there.  Either way
+    workers start without re-running the caller's ``__main__`` (``_spawn``), so scripts without
+    a main guard and ``python -`` can run a pool."""
     import multiprocessing
     import sys
 
+    from ._spawn import ForkServerContext, SpawnContext
+
     if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
+        return SpawnContext()
+    ctx = ForkServerContext()
     ctx.set_forkserver_preload([f"{__package__}._preload"])
     return ctx
 

@@ -99,7 +99,7 @@ def _local_path(ckpt) -> str | None:
 
 def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None, tensor_type=(),
                        workers: int | None = None, dry_run: bool = False, resume: bool = False,
-                       report_path=None, progress: bool = True, max_shard_bytes: int = _SHARD_BYTES,
+                       report_path=None, progress: bool = True, max_shard_bytes: int | None = None,
                        source_label: str | None = None, target_bpw: float | None = None,
                        on_result: Callable[[TensorResult], None] | None = None,
                        layout: str | None = None) -> RequantResult:
@@ -119,6 +119,9 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     (in plan order).
     """
     t0 = time.perf_counter()
+    max_shard_bytes = _SHARD_BYTES if max_shard_bytes is None else int(max_shard_bytes)
+    if max_shard_bytes <= 0:
+        raise UsageError(f"--max-shard-size must be above zero, found {max_shard_bytes} bytes")
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, found {workers}")

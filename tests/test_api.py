@@ -84,3 +84,22 @@ def test_requant_draws_no_bar_unless_asked(k3_tiny, tmp_path, capfd):
     assert "requant" not in capfd.readouterr().err
     api.requant(k3_tiny, tmp_path / "b", workers=1, experts="down", progress=True)
     assert "requant:" in capfd.readouterr().err
+
+
+def test_requant_result_prints_a_summary_with_the_figures_people_look_for(k3_tiny, tmp_path):
+    from k3ckpt.requant.metrics import pooled_snr_db
+
+    r = api.requant(k3_tiny, tmp_path / "out", workers=1)
+    text = repr(r)
+    assert len(text) < 1000 and len(r.results) == 72     # the table stays behind .results
+    assert r.bpw == pytest.approx(2.25) and f"{r.bpw:.4f} bpw" in text
+    assert r.snr_db == pytest.approx(pooled_snr_db(x.stats for x in r.results)) and 5 < r.snr_db < 15
+    assert f"SNR {r.snr_db:.2f} dB" in text
+    assert r.bytes_written == sum(Path(p).stat().st_size for p in r.paths) > 0
+    assert [Path(p).name for p in r.report_paths] == ["requant_report.json", "requant_report.md",
+                                                      "requant_report.svg"]
+    assert all(Path(p).is_file() for p in r.paths + r.report_paths)
+    doc = r.to_dict()
+    assert doc["snr_db"] == r.snr_db and doc["bytes_written"] == r.bytes_written
+    dry = api.requant(k3_tiny, tmp_path / "dry", dry_run=True)
+    assert len(repr(dry)) < 1000 and "dry run" in repr(dry) and dry.bytes_written == 0

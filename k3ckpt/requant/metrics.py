@@ -84,6 +84,25 @@ class ErrorStats:
         return out
 
 
+def snr_from_sums(sum_ref_sq: float, sum_err_sq: float) -> float:
+    """``10*log10(sum x^2 / sum e^2)`` with the module's degenerate cases (+inf exact, -inf zero ref)."""
+    if sum_err_sq == 0.0:
+        return math.inf
+    if sum_ref_sq == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(sum_ref_sq / sum_err_sq)
+
+
+def pooled_snr_db(stats) -> float:
+    """SNR of several tensors taken together: their energies summed (``math.fsum``), never an
+    average of dBs; what ``error_stats`` gives over the concatenated tensors, up to rounding."""
+    sxx, see = [], []
+    for s in stats:
+        sxx.append(s.count * s.ref_rms * s.ref_rms)
+        see.append(s.count * s.err_rms * s.err_rms)
+    return snr_from_sums(math.fsum(sxx), math.fsum(see))
+
+
 # Sums vector layout shared by kernels, reference and _finish.
 _SXX, _SYY, _SEE, _SE, _SXY, _MAXABS, _N, _BAD = range(8)
 BLOCK = 32

@@ -20,6 +20,7 @@ name (the writer's temporaries are hidden ``.*.partial`` files).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Callable
 
 from ..errors import UsageError
 from .plan import DEFAULT_FORMAT, RequantPlan, parse_experts, parse_tensor_types, plan_requant
-from .results import TensorResult
+from .results import TensorResult, _float_out
 
 JOB = "requant"
 _SHARD_BYTES = 5_000_000_000
@@ -36,7 +37,10 @@ _SHARD_BYTES = 5_000_000_000
 
 @dataclass(frozen=True)
 class RequantResult:
-    """What a run did (or, with ``dry_run``, would do)."""
+    """What a run did (or, with ``dry_run``, would do).
+
+    Its repr is a one-line summary; the per-weight tables (``results``, ``plan``) are
+    attributes, printed only when asked for (at K3's size they hold ~250k rows)."""
 
     dst: str
     dry_run: bool
@@ -49,6 +53,8 @@ class RequantResult:
     estimated_seconds: float
     report: str | None                    # folder holding requant_report.{json,md,svg}
     allocation: dict | None = None        # --target-bpw: Allocation.to_dict() (kept names, achieved bpw)
+    compile_seconds: float = 0.0          # of estimated_seconds: compiling kernels (a cold numba cache)
+    bytes_written: int = 0                # size of the output's weight shards (0 for a dry run)
 
     @property
     def bits_per_weight(self) -> float:
@@ -60,14 +66,55 @@ class RequantResult:
         p = self.plan.params
         return 8.0 * self.plan.out_bytes / p if p else 0.0
 
+    @property
+    def bpw(self) -> float:
+        """Bits per weight of the selected routed experts as written (``bits_per_weight``)."""
+        return self.bits_per_weight
+
+    @property
+    def snr_db(self) -> float:
+        """Overall SNR in dB of the selected expert weights, pooled (``metrics.pooled_snr_db``);
+        NaN for a dry run (nothing measured)."""
+        from .metrics import pooled_snr_db
+
+        return pooled_snr_db(r.stats for r in self.results) if self.results else math.nan
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The output shard files."""
+        return tuple(str(Path(self.dst) / s) for s in self.shards)
+
+    @property
+    def report_paths(self) -> tuple[str, ...]:
+        """requant_report.json, .md and .svg (empty when no report was written)."""
+        if self.report is None:
+            return ()
+        from .report import JSON_NAME, MARKDOWN_NAME, SVG_NAME
+
+        return tuple(str(Path(self.report) / n) for n in (JSON_NAME, MARKDOWN_NAME, SVG_NAME))
+
+    def __repr__(self) -> str:
+        formats = sorted({f"{w.format}:{w.method}" if w.method else w.format for w in self.plan.weights})
+        head = f"RequantResult(dst={self.dst!r}, {len(self.plan.weights)} weights to {'/'.join(formats) or '-'}"
+        if self.dry_run:
+            return (f"{head}, {self.bits_per_weight:.4f} bpw, would write {self.plan.total_bytes:,} bytes, "
+                    f"estimated {self.estimated_seconds:.0f} s, dry run)")
+        return (f"{head}, {self.bits_per_weight:.4f} bpw, SNR {self.snr_db:.2f} dB, {self.bytes_written:,} bytes "
+                f"in {len(self.shards)} shard(s), {self.seconds:.1f} s, report={self.report!r}; "
+                f"per-weight rows: .results)")
+
     def to_dict(self) -> dict:
+        snr = self.snr_db
         return {
             "dst": self.dst, "dry_run": self.dry_run, "weights": len(self.plan.weights),
             "params": self.plan.params, "bytes_in": self.plan.in_bytes, "bytes_out": self.plan.out_bytes,
             "total_bytes": self.plan.total_bytes, "bits_per_weight": self.bits_per_weight,
+            "snr_db": None if math.isnan(snr) else _float_out(snr),
+            "bytes_written": self.bytes_written, "paths": list(self.paths), "report_paths": list(self.report_paths),
             "copied": self.copied, "kept": list(self.plan.kept), "shards": list(self.shards),
             "resumed_shards": list(self.resumed_shards), "seconds": self.seconds,
-            "estimated_seconds": self.estimated_seconds, "report": self.report, "allocation": self.allocation,
+            "estimated_seconds": self.estimated_seconds, "compile_seconds": self.compile_seconds,
+            "report": self.report, "allocation": self.allocation,
             "plan": [w.to_dict() for w in self.plan.weights] if self.dry_run else [],
             "results": [r.to_dict() for r in self.results],
         }
@@ -196,7 +243,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     manifest.finish(weights=len(ordered), params=plan.params, bytes_out=plan.out_bytes,
                     bits_per_weight=8.0 * plan.out_bytes / plan.params if plan.params else 0.0)
     return RequantResult(str(dst), False, plan, ordered, len(plan.copies), tuple(shards), tuple(done), elapsed,
-                         estimate, report, allocation)
+                         estimate, report, allocation,
+                         bytes_written=sum((dst / n).stat().st_size for n in shards))
 
 
 def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool, **plan_kw):

@@ -35,6 +35,7 @@ from .. import __version__
 from ..errors import InvalidFileError, NotFoundError, UsageError
 from ..io.writer import atomic_write_bytes, atomic_write_chunks
 from .results import TensorResult, _float_out
+from .metrics import snr_from_sums
 
 # Renderers are part of the report API; they import nothing from here at run time.
 from .heatmap import DEFAULT_COLUMNS, render_svg  # noqa: E402
@@ -138,12 +139,7 @@ class Aggregate:
 
     @property
     def snr_db(self) -> float:
-        # Same degenerate cases as metrics._finish.
-        if self.sum_err_sq == 0.0:
-            return math.inf
-        if self.sum_ref_sq == 0.0:
-            return -math.inf
-        return 10.0 * math.log10(self.sum_ref_sq / self.sum_err_sq)
+        return snr_from_sums(self.sum_ref_sq, self.sum_err_sq)
 
     @property
     def rel_mse(self) -> float:

@@ -70,6 +70,13 @@ def test_requant_usage_errors(capsys, k3_tiny, tmp_path, args, kind):
     assert rc == 2 and err.count("\n") == 1 and kind not in err and not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("bpw", ["5", "4.3", "2.0", "nan"])
+def test_target_bpw_outside_the_working_range_is_refused_with_the_range(capsys, k3_tiny, tmp_path, bpw):
+    rc, out, err = cli(capsys, "requant", k3_tiny, tmp_path / "x", "--target-bpw", bpw, "--workers", "1", "-q")
+    # k3-tiny's experts are MXFP4 (4.25 bpw); moet-w2 is 2.25 bpw: the allocation works in between.
+    assert rc == 2 and "2.2500" in err and "4.2500" in err and not (tmp_path / "x").exists()
+
+
 def test_resume_after_kill(k3_tiny, tmp_path):
     """A process killed (SIGKILL) mid-run leaves hidden temporaries; --resume gives the same bytes."""
     code = (

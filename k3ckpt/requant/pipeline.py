@@ -184,9 +184,11 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
             raise UsageError(f"--target-bpw mixes the 2.25 formats with the source's MXFP4; {other.name} is "
                              f"stored as {other.source_format}", tensor=other.name)
         low = 8.0 * plan.out_bytes / plan.params if plan.params else 0.0
-        if not (float(target_bpw) >= low - 1e-9):   # also refuses NaN
-            raise UsageError(f"--target-bpw {target_bpw} is below what {format} needs ({low:.4f}), "
-                             "the least any allocation can reach")
+        high = 8.0 * plan.in_bytes / plan.params if plan.params else 0.0
+        if not (low - 1e-9 <= float(target_bpw) <= high + 1e-9):   # also refuses NaN
+            # Above the source's own bpw every weight stays MXFP4: a copy, not a requant.
+            raise UsageError(f"--target-bpw {target_bpw:g} is outside the range that works here: {low:.4f} "
+                             f"(every selected weight in {format}) to {high:.4f} (all kept as the source's MXFP4)")
     if dry_run:
         return RequantResult(str(dst), True, plan, (), len(plan.copies), (), (), time.perf_counter() - t0,
                              estimate, None)

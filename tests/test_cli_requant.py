@@ -49,7 +49,7 @@ def test_requant_dry_run_then_run(capsys, k3_tiny, tmp_path):
     assert rc == 2 and "--resume" in err and "earlier k3ckpt run" in err
     rc, _, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "--quiet", "--resume",
                      "--format", "moet-w2:keep-scales")
-    assert rc == 2 and "cannot resume with different settings" in err
+    assert rc == 2 and "cannot resume: --format was moet-w2, now moet-w2:keep-scales" in err
     rc, out, _ = cli(capsys, "requant", k3_tiny, tmp_path / "j", "--workers", "1", "--json",
                      "--experts", "down", "--tensor-type", r"experts\.0\.=moet-w2:keep-scales")
     doc = json.loads(out)
@@ -75,6 +75,19 @@ def test_target_bpw_outside_the_working_range_is_refused_with_the_range(capsys, 
     rc, out, err = cli(capsys, "requant", k3_tiny, tmp_path / "x", "--target-bpw", bpw, "--workers", "1", "-q")
     # k3-tiny's experts are MXFP4 (4.25 bpw); moet-w2 is 2.25 bpw: the allocation works in between.
     assert rc == 2 and "2.2500" in err and "4.2500" in err and not (tmp_path / "x").exists()
+
+
+def test_resume_mismatch_is_one_line_naming_the_flag(capsys, k3_tiny, tmp_path):
+    dst = tmp_path / "out"
+    rc, _, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "-q", "--experts", "down")
+    assert rc == 0, err
+    rc, _, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "-q", "--experts", "down", "--resume",
+                     "--format", "k3ckpt-mx2")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "--format was moet-w2, now k3ckpt-mx2" in err and "a new DST" in err
+    assert "{" not in err and "max_shard_bytes" not in err
+    rc, _, err = cli(capsys, "requant", k3_tiny, dst, "--workers", "1", "-q", "--resume")
+    assert rc == 2 and "--experts was down, now not given" in err
 
 
 def test_resume_after_kill(k3_tiny, tmp_path):

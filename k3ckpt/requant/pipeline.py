@@ -208,7 +208,10 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 
     if is_fresh_output(dst, resume):
         free_space_for(dst, plan.total_bytes)
-    manifest = RunManifest.begin(dst, job=JOB, options=options, source=_source_identity(ckpt), resume=resume)
+    source = _source_identity(ckpt)
+    if resume:
+        _check_resume(dst, options, source)
+    manifest = RunManifest.begin(dst, job=JOB, options=options, source=source, resume=resume)
     allocation = None
     kept_results: list[TensorResult] = []
     source_order = {w.name: w.index for w in plan.weights}
@@ -247,6 +250,57 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     return RequantResult(str(dst), False, plan, ordered, len(plan.copies), tuple(shards), tuple(done), elapsed,
                          estimate, report, allocation,
                          bytes_written=sum((dst / n).stat().st_size for n in shards))
+
+
+# Manifest option keys and the flags that set them (the mismatch message names the flag).
+_OPTION_FLAGS = {"format": "--format", "experts": "--experts", "projections": "--experts",
+                 "tensor_type": "--tensor-type", "max_shard_bytes": "--max-shard-size", "target_bpw": "--target-bpw",
+                 "layout": "--layout"}
+
+
+def _show(key: str, value) -> str:
+    if value is None or value == []:
+        return "not given"
+    if key == "tensor_type":
+        return " ".join(f"{r}={f}" for r, f in value)
+    if key == "projections":
+        return ",".join(value)
+    return str(value)
+
+
+def _check_resume(dst: Path, options: dict, source: dict) -> None:
+    """A resumed run with other settings: one line naming the first differing flag(s), in the
+    user's terms (the manifest's own check would list the whole option and source dicts)."""
+    import json as _json
+
+    from ..errors import ResumeMismatchError
+    from ..io.manifest import MANIFEST_NAME, RunManifest
+
+    if not (dst / MANIFEST_NAME).is_file():
+        return
+    old = RunManifest.load(dst)
+    if old._data.get("job") != JOB:
+        return   # another job's folder: the manifest's own check says so
+    new_opts = _json.loads(_json.dumps(options, sort_keys=True))
+    diffs = []
+    for key in sorted(set(old.options) | set(new_opts), key=lambda k: (k not in _OPTION_FLAGS, k)):
+        a, b = old.options.get(key), new_opts.get(key)
+        if a != b:
+            flag = _OPTION_FLAGS.get(key, key)
+            if not any(d.startswith(flag + " ") for d in diffs):
+                diffs.append(f"{flag} was {_show(key, a)}, now {_show(key, b)}")
+    if diffs:
+        more = f" (and {len(diffs) - 2} more)" if len(diffs) > 2 else ""
+        raise ResumeMismatchError(f"cannot resume: {'; '.join(diffs[:2])}{more}; pass the same options as the "
+                                  "first run, or a new DST", file=str(dst))
+    new_src = _json.loads(_json.dumps(source, sort_keys=True))
+    if old.source != new_src:
+        shards_a, shards_b = old.source.get("shards", {}), new_src.get("shards", {})
+        changed = sorted(n for n in set(shards_a) | set(shards_b) if shards_a.get(n) != shards_b.get(n))
+        what = (f"shard {changed[0]} differs" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+                if changed else "its config.json or tensor count differs")
+        raise ResumeMismatchError(f"cannot resume: SRC is not the checkpoint the first run read ({what}); "
+                                  "pass the same SRC, or a new DST", file=str(dst))
 
 
 def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool, **plan_kw):

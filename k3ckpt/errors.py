@@ -7,25 +7,52 @@ exit status 2; anything else is our own bug and keeps its traceback.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What the caller can pass to get past an error: a keyword argument of the API and its
+    value.  The API's message says ``pass overwrite=True``; the CLI names the option that sets
+    the same parameter (``--overwrite``), so one raise speaks to both kinds of caller."""
+
+    argument: str        # the API keyword, which is also the click parameter's name
+    value: Any = True
+    then: str = ""       # what passing it does: "to rebuild the fixture there"
+
+    def say(self, spelled: str) -> str:
+        return f"pass {spelled}" + (f" {self.then}" if self.then else "")
+
+    def for_api(self) -> str:
+        return self.say(f"{self.argument}={self.value!r}")
+
 
 class K3ckptError(Exception):
     """Base of every error caused by input, not by a bug in k3ckpt.
 
     ``file`` and ``tensor`` (when known) are folded into the message so the
-    one-line CLI output names them.
+    one-line CLI output names them; ``hint`` is the argument that fixes it
+    (worded for the API in ``str(exc)``, for the CLI by ``message(...)``).
     """
 
-    def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None):
+    def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None,
+                 hint: Hint | None = None):
         self.file = None if file is None else str(file)
         self.tensor = tensor
         self.detail = message
+        self.hint = hint
+        super().__init__(self.message(hint.for_api() if hint else None))
+
+    def message(self, hint_text: str | None) -> str:
+        """The full message with ``hint_text`` (the hint in some caller's words) after it."""
         where = []
         if self.file:
             where.append(self.file)
-        if tensor:
-            where.append(f"tensor {tensor!r}")
+        if self.tensor:
+            where.append(f"tensor {self.tensor!r}")
         prefix = (": ".join(where) + ": ") if where else ""
-        super().__init__(prefix + message)
+        return prefix + self.detail + (f"; {hint_text}" if hint_text else "")
 
 
 class InvalidFileError(K3ckptError, ValueError):

@@ -22,8 +22,10 @@ def _names():
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--profile", "profile", default=None, metavar="NAME",
               help="The fixture by name, as an option: `k3ckpt fixture --profile NAME DST`.")
+@click.option("--overwrite", is_flag=True,
+              help="Rebuild in a DST that holds files: its shards and index are replaced, other files kept.")
 @click.option("--list", "list_only", is_flag=True, help="List the fixtures and exit.")
-def command(name, dst, layers, experts, seed, profile, list_only):
+def command(name, dst, layers, experts, seed, profile, overwrite, list_only):
     """Generate fixture NAME into the folder DST (or `--profile NAME DST`).
 
     k3-tiny, k3 (real expert shapes), kimi-k2-tiny, gpt-oss-tiny, the other
@@ -50,7 +52,7 @@ def command(name, dst, layers, experts, seed, profile, list_only):
         raise UsageError("give a destination folder: k3ckpt fixture NAME DST")
     if name not in _names():
         raise UsageError(f"unknown fixture {name!r}; choose from {', '.join(_names())}")
-    options = {"seed": seed}
+    options = {"seed": seed, "overwrite": overwrite}
     if layers is not None:
         options["layers"] = layers
     if experts is not None:
@@ -58,6 +60,6 @@ def command(name, dst, layers, experts, seed, profile, list_only):
     if name == "k3-virtual":
         if layers is not None or experts is not None:
             raise UsageError("k3-virtual is the real geometry; --layers/--experts do not apply")
-        options = {}
+        options = {"overwrite": overwrite}
     path = api.make_fixture(name, dst, **options)
     click.echo(f"wrote {name} to {path}")

@@ -14,7 +14,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import K3ckptError
+from ..errors import Hint, K3ckptError
 
 # name -> (module, one-line help).  The help text lives here so `--help` needs no imports.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -32,6 +32,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class LazyGroup(click.Group):
+    running: click.Command | None = None   # the subcommand being run, to word its errors
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        LazyGroup.running = cmd
+        return name, cmd, rest
+
     def list_commands(self, ctx):
         return sorted(COMMANDS)
 
@@ -53,13 +60,31 @@ def cli():
     """Inspect, requantize and place the experts of very large MXFP4 MoE checkpoints."""
 
 
-def error_message(exc: BaseException) -> str:
+def error_message(exc: BaseException, command: click.Command | None = None) -> str:
     """One line for a user's mistake: the message alone (the exception's class is for
-    debugging; ``K3CKPT_DEBUG=1`` adds it, with the traceback)."""
-    text = " ".join(str(exc).split())
+    debugging; ``K3CKPT_DEBUG=1`` adds it, with the traceback).  A hint names the option of
+    ``command`` that sets the hinted parameter (``--overwrite``, not ``overwrite=True``)."""
+    if isinstance(exc, K3ckptError) and exc.hint is not None:
+        flag = _option_for(command, exc.hint)
+        text = exc.message(exc.hint.say(flag) if flag else None)
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
     if _debug():
         text += f" [{_kind(exc)}]"
     return f"k3ckpt: error: {text}"
+
+
+def _option_for(command: click.Command | None, hint: Hint) -> str | None:
+    """How ``command``'s options spell ``hint`` (``--overwrite``, ``--dtype f32``); None when
+    it has no option for that parameter (then the hint is left out: it would not help)."""
+    for p in getattr(command, "params", ()):
+        if isinstance(p, click.Option) and p.name == hint.argument and not p.hidden:
+            if p.is_flag and isinstance(hint.value, bool):
+                opts = p.opts if hint.value else p.secondary_opts   # --x / --no-x
+                return max(opts, key=len) if opts else None
+            return f"{max(p.opts, key=len)} {hint.value}"
+    return None
 
 
 def usage_message(exc: click.UsageError) -> str:
@@ -115,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:   # not the main thread: leave signals to whoever runs us
         previous = None
+    LazyGroup.running = None
     try:
         cli.main(args=argv, prog_name="k3ckpt", standalone_mode=False)
     except K3ckptError as exc:
-        _echo_error(error_message(exc))
+        _echo_error(error_message(exc, LazyGroup.running))
         return 2
     except click.exceptions.Abort as exc:   # click turns KeyboardInterrupt into Abort
         return _stopped(exc.__cause__, "k3ckpt: aborted")

@@ -167,3 +167,20 @@ def test_failed_check_is_one_line_exit_1(capsys, tmp_path):
     finally:
         del m.COMMANDS["failing"], globals()["command"]
     assert rc == 1 and err == "k3ckpt: failed: 2 problem(s) in out\n"
+
+
+def test_fixture_num_experts(tmp_path, capsys):
+    from k3ckpt.io import open_checkpoint
+    from k3ckpt.profiles import expert_stats
+
+    rc, _, err = _main(capsys, "fixture", "k3-tiny", tmp_path / "a", "--layers", "2", "--num-experts", "3")
+    assert rc == 0, err
+    with open_checkpoint(tmp_path / "a") as ck:
+        assert expert_stats(ck.tensors).count == 3
+    # the old name still works, hidden: --experts is a regex elsewhere (requant)
+    rc, _, err = _main(capsys, "fixture", "k3-tiny", tmp_path / "b", "--layers", "2", "--experts", "3")
+    assert rc == 0 and (tmp_path / "a" / "config.json").read_bytes() == (tmp_path / "b" / "config.json").read_bytes()
+    rc, out, _ = _main(capsys, "fixture", "--help")
+    assert "--num-experts" in out and "--experts" not in out.replace("--num-experts", "")
+    rc, _, err = _main(capsys, "fixture", "k3-virtual", tmp_path / "v", "--num-experts", "3")
+    assert rc == 2 and "--layers/--num-experts do not apply" in err

@@ -77,7 +77,7 @@ def ensure_fixture(root: Path, experts: int) -> Path:
     if dst.exists():
         shutil.rmtree(dst)
     print(f"building k3 fixture with {experts} experts per layer in {dst} ...", flush=True)
-    subprocess.run([sys.executable, "-m", "k3ckpt", "fixture", "k3", str(dst), "--experts", str(experts)],
+    subprocess.run([sys.executable, "-m", "k3ckpt", "fixture", "k3", str(dst), "--num-experts", str(experts)],
                    check=True, stdout=subprocess.DEVNULL)
     return dst
 

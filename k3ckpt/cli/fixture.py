@@ -18,14 +18,17 @@ def _names():
 @click.argument("name", required=False)
 @click.argument("dst", required=False)
 @click.option("--layers", type=int, default=None, help="Decoder layers (fixture default if unset).")
-@click.option("--experts", type=int, default=None, help="Routed experts per MoE layer.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--num-experts", "experts", type=int, default=None, metavar="N",
+              help="Routed experts per MoE layer (fixture default if unset).")
+# The old name, kept hidden: elsewhere --experts is a regex on expert names (requant).
+@click.option("--experts", "experts_old", type=int, default=None, hidden=True, help="Old name of --num-experts.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated values: same seed, same bytes.")
 @click.option("--profile", "profile", default=None, metavar="NAME",
               help="The fixture by name, as an option: `k3ckpt fixture --profile NAME DST`.")
 @click.option("--overwrite", is_flag=True,
               help="Rebuild in a DST that holds files: its shards and index are replaced, other files kept.")
 @click.option("--list", "list_only", is_flag=True, help="List the fixtures and exit.")
-def command(name, dst, layers, experts, seed, profile, overwrite, list_only):
+def command(name, dst, layers, experts, experts_old, seed, profile, overwrite, list_only):
     """Generate fixture NAME into the folder DST (or `--profile NAME DST`).
 
     k3-tiny, k3 (real expert shapes), kimi-k2-tiny, gpt-oss-tiny, the other
@@ -35,6 +38,11 @@ def command(name, dst, layers, experts, seed, profile, overwrite, list_only):
     """
     from ..errors import UsageError
     from ..fixtures import FIXTURES
+
+    if experts_old is not None:
+        if experts is not None:
+            raise UsageError("give --num-experts once (--experts is its old name)")
+        experts = experts_old
 
     if profile is not None:   # then the one positional argument is DST
         if dst is not None:
@@ -59,7 +67,7 @@ def command(name, dst, layers, experts, seed, profile, overwrite, list_only):
         options["experts"] = experts
     if name == "k3-virtual":
         if layers is not None or experts is not None:
-            raise UsageError("k3-virtual is the real geometry; --layers/--experts do not apply")
+            raise UsageError("k3-virtual is the real geometry; --layers/--num-experts do not apply")
         options = {"overwrite": overwrite}
     path = api.make_fixture(name, dst, **options)
     click.echo(f"wrote {name} to {path}")

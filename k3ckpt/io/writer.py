@@ -169,6 +169,12 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[bytes | str]) 
     _fsync_dir(path.parent)
 
 
+# The same atomic-file rules serve the GGUF writer (k3ckpt/gguf/writer.py).
+FILE_MODE = _FILE_MODE
+as_bytes_view = _as_bytes_view
+fsync_dir = _fsync_dir
+
+
 class ShardedWriter:
     """Write tensors into shards laid out up front from ``specs``.
 

@@ -70,9 +70,30 @@ def test_dequant_cli(k3_tiny, tmp_path):
     assert data["decoded"] and data["shards"]
 
 
-def test_demo_runs_end_to_end(tmp_path):
-    proc = run("demo", "--dir", tmp_path, check=True)
+def test_demo_runs_end_to_end_in_a_folder_it_names_and_reruns(tmp_path):
+    """The demo writes ./k3ckpt-demo (not a temporary folder no one finds), says so, and a
+    second run replaces its own outputs; a folder it did not make is refused, untouched."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**ENV, "TMPDIR": str(tmp)}
+    proc = subprocess.run([sys.executable, "-m", "k3ckpt", "demo"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     assert "inspect" in proc.stdout and "zero codes" in proc.stdout and "decoded" in proc.stdout
+    root = tmp_path / "k3ckpt-demo"
+    assert proc.stdout.splitlines()[0] == f"k3ckpt demo: writing into {root} (remove it when done: rm -r {root})"
+    assert {p.name for p in root.iterdir()} >= {"k3-tiny", "k3-tiny-bf16", "k3-tiny-moet-w2"}
+    assert list(tmp.iterdir()) == []
+    again = subprocess.run([sys.executable, "-m", "k3ckpt", "demo", "--dir", root], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"replacing the outputs of an earlier demo in {root}" in again.stdout
+    mine = tmp_path / "mine"
+    (mine / "k3-tiny").mkdir(parents=True)
+    (mine / "k3-tiny" / "notes.txt").write_text("keep")
+    refused = run("demo", "--dir", mine)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "not made by k3ckpt demo" in refused.stderr and (mine / "k3-tiny" / "notes.txt").read_text() == "keep"
 
 
 def test_fixture_by_profile_option(tmp_path):

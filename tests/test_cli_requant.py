@@ -90,6 +90,19 @@ def test_resume_mismatch_is_one_line_naming_the_flag(capsys, k3_tiny, tmp_path):
     assert rc == 2 and "--experts was down, now not given" in err
 
 
+def test_max_shard_size_takes_a_size_with_a_unit(capsys, k3_tiny, tmp_path):
+    rc, out, err = cli(capsys, "requant", k3_tiny, tmp_path / "a", "--workers", "1", "-q", "--json",
+                       "--max-shard-size", "2MB")
+    assert rc == 0, err
+    shards = json.loads(out)["shards"]
+    # the limit counts tensor bytes (as transformers does); each header adds a few kB
+    assert len(shards) >= 3 and all((tmp_path / "a" / s).stat().st_size <= 2_000_000 + 16_384 for s in shards)
+    rc, _, err = cli(capsys, "requant", k3_tiny, tmp_path / "b", "--max-shard-size", "2000000")
+    assert rc == 2 and "unit" in err and not (tmp_path / "b").exists()
+    rc, out, _ = cli(capsys, "requant", "--help")
+    assert "--max-shard-size SIZE" in out and "[default: 5GB]" in out
+
+
 def test_resume_after_kill(k3_tiny, tmp_path):
     """A process killed (SIGKILL) mid-run leaves hidden temporaries; --resume gives the same bytes."""
     code = (

@@ -129,3 +129,22 @@ def test_requant_cli_dry_run_checks_the_budget_without_downloading(hub, k3_tiny,
     assert budget["ok"] is False and budget["need"] > 3_000_000 == budget["max_disk"]
     assert not (tmp_path / "a").exists()
     assert sum(r.sent for r in hub.requests("resolve")) < 300_000     # headers only, twice
+
+
+def test_revision_picks_the_source_and_push_revision_the_branch(hub, k3_tiny, tmp_path):
+    repo = hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny, revisions={"v2": k3_tiny})
+    at = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny", "--revision", "v2", "--json")
+    assert at.returncode == 0, at.stderr
+    assert json.loads(at.stdout)["extra"]["hub"]["commit"] == repo.commit("v2")
+    missing = run(hub, "inspect", "--hub", "moonshotai/Kimi-K3-tiny", "--revision", "nope")
+    assert missing.returncode == 2 and "no revision 'nope'" in missing.stderr
+    both = run(hub, "inspect", "hf://moonshotai/Kimi-K3-tiny@main", "--revision", "v2")
+    assert both.returncode == 2 and "give one" in both.stderr
+    local = run(hub, "requant", k3_tiny, tmp_path / "a", "--revision", "v2")
+    assert local.returncode == 2 and "local path" in local.stderr and not (tmp_path / "a").exists()
+    r = run(hub, "requant", "hf://moonshotai/Kimi-K3-tiny", tmp_path / "b", "--revision", "v2", "--workers", "1",
+            "--push-to-hub", "me/K3-tiny-w2", "--push-revision", "w2", "--json", HF_TOKEN="hf_test")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["hub"]["commit"] == repo.commit("v2")
+    assert set(hub.repos["me/K3-tiny-w2"].refs) == {"main", "w2"}

@@ -37,11 +37,17 @@ def hub_summary(run) -> str:
               help="Per-weight override, first match wins (FORMAT 'keep' leaves MXFP4). Repeatable.")
 @click.option("--target-bpw", "target_bpw", type=float, default=None, metavar="X",
               help="Mixed precision: keep the weights with the most error per byte in MXFP4 so the average "
-                   "is X bits per weight (measures every weight first).")
+                   "is X bits per weight (measures every weight first). X lies between FORMAT's bpw and the "
+                   "source experts' bpw.")
 @click.option("--workers", type=int, default=None, help="Worker processes (default: CPU count).")
+@click.option("--max-shard-size", "max_shard_size", default="5GB", show_default=True, metavar="SIZE",
+              help="Largest output shard (tensor bytes), with a unit (5GB, 500MB, 2GiB). The output is "
+                   "re-sharded to this size, as transformers' save_pretrained does; the source's shard "
+                   "boundaries are not kept.")
 @click.option("--report", "report_path", default=None, metavar="DIR",
               help="Folder for requant_report.{json,md,svg} (default: DST).")
-@click.option("--dry-run", is_flag=True, help="Print the plan (weights, formats, bytes, time estimate); write nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (weights, formats, bytes, time estimate); write nothing.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in DST (same options).")
 @click.option("--max-disk", "max_disk", default=None, metavar="SIZE",
               help="hf:// source: bound downloaded shards plus output to SIZE (e.g. 1TB, 500G).")
@@ -51,12 +57,13 @@ def hub_summary(run) -> str:
 @click.option("--push-to-hub", "push_to", default=None, metavar="ORG/NAME",
               help="Upload DST to this Hub repo with a generated model card (resumable: rerun to finish).")
 @click.option("--private", is_flag=True, help="--push-to-hub: create the repo private.")
-@click.option("--revision", "push_revision", default=None, metavar="BRANCH",
-              help="--push-to-hub: branch to commit to (default: main).")
+@click.option("--push-revision", "push_revision", default=None, metavar="BRANCH",
+              help="--push-to-hub: branch to commit to (default: main). The source's revision is "
+                   "hf://ORG/NAME@REV or --revision REV.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, report_path, dry_run, resume, max_disk,
-            staging, keep_source, push_to, private, push_revision, as_json, quiet):
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no kernel-compile note.")
+def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, max_shard_size, report_path, dry_run,
+            resume, max_disk, staging, keep_source, push_to, private, push_revision, as_json, quiet):
     """Write DST: SRC with its routed-expert weights requantized to FORMAT.
 
     SRC's routed experts may be MXFP4, block FP8, INT4 pack-quantized, NVFP4
@@ -67,15 +74,22 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, re
     quantization_config naming the new format (docs/requant.md); side files
     are copied; an error report is written beside the weights. Interrupted
     runs continue with --resume and give the same bytes.
+
+    \b
+    Examples:
+      k3ckpt requant /models/Kimi-K3 k3-w2 --dry-run
+      k3ckpt requant hf://moonshotai/Kimi-K3@main k3-w2 --target-bpw 2.5 --max-disk 1TB
     """
     from .. import api
     from ..hub.options import hub_run_options
     from ..requant.pipeline import requant_checkpoint
+    from ..units import parse_size
 
     stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source,
                             push_to=push_to, private=private, revision=push_revision, dry_run=dry_run)
-    options = dict(format=fmt, experts=experts, tensor_type=list(tensor_type), workers=workers,
-                   report_path=report_path, target_bpw=target_bpw, layout=layout,
+    options = dict(format=fmt, experts=experts, tensor_type=list(tensor_type),
+                   workers=workers, report_path=report_path, target_bpw=target_bpw, layout=layout,
+                   max_shard_bytes=parse_size(max_shard_size, "--max-shard-size"),
                    progress=not quiet and not as_json and sys.stderr.isatty())
     hub_run = budget = None
     if stage is not None and not dry_run:  # hf:// source: download shard by shard, convert, delete

@@ -32,7 +32,7 @@ def hub_run_options(src: str, *, max_disk: str | None, staging: str | None, keep
         if dry_run:
             raise UsageError("--push-to-hub with --dry-run: nothing would be written to push")
     elif private or revision is not None:
-        raise UsageError("--private and --revision only go with --push-to-hub ORG/NAME")
+        raise UsageError("--private and --push-revision only go with --push-to-hub ORG/NAME")
     hub = is_hub_url(src)
     given = [o for o, v in (("--max-disk", max_disk), ("--staging", staging), ("--keep-source", keep_source)) if v]
     if given and not hub:

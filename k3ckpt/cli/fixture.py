@@ -34,7 +34,15 @@ def command(name, dst, layers, experts, experts_old, seed, profile, overwrite, l
     k3-tiny, k3 (real expert shapes), kimi-k2-tiny, gpt-oss-tiny, the other
     sources (kimi-k2-thinking-tiny, deepseek-v3-tiny, nvfp4-tiny,
     nvfp4-modelopt-tiny; see --list), and k3-virtual (the full-size K3 as
-    headers over sparse files: no disk cost).
+    headers over sparse files: no disk cost).  Free space is checked first and
+    DST is written only when the build is complete.
+
+    \b
+    Examples:
+      k3ckpt fixture --list
+      k3ckpt fixture k3-tiny out/k3-tiny
+      k3ckpt fixture k3 out/k3-1g --num-experts 28   # real expert shapes, ~1 GB
+      k3ckpt fixture k3-virtual out/k3v              # 1.56 TB of headers over holes
     """
     from ..errors import UsageError
     from ..fixtures import FIXTURES

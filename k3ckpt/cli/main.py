@@ -57,7 +57,23 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="k3ckpt")
 def cli():
-    """Inspect, requantize and place the experts of very large MXFP4 MoE checkpoints."""
+    """Inspect, requantize and place the experts of very large MXFP4 MoE checkpoints.
+
+    \b
+    Examples:
+      k3ckpt demo                                    # the main job on a tiny built-in K3
+      k3ckpt inspect hf://moonshotai/Kimi-K3         # what a checkpoint holds, from headers
+      k3ckpt requant SRC DST --format moet-w2        # routed experts to 2.25 bits per weight
+
+    \b
+    Exit status:
+      0  success
+      1  a check failed (verify found a difference)
+      2  a mistake in the command or its input (one line on stderr: k3ckpt: error: ...)
+      130, 143  stopped by Ctrl-C or SIGTERM (finished shards are kept for --resume)
+
+    `k3ckpt COMMAND --help` gives each command's options and examples.
+    """
 
 
 def error_message(exc: BaseException, command: click.Command | None = None) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import NotFoundError, UsageError
-from .shard.devices import GB, TB, DeviceSet, parse_devices
+from .shard.devices import GB, TB, DeviceSet, preset_devices
 from .shard.plan import FORMAT_ID, MoEGeometry, Plan, placement_slot_limit
 
 __all__ = ["plan", "resolve_geometry", "check_capacity", "SYNTHETIC_SEED", "SYNTHETIC_TOKENS",
@@ -75,11 +75,13 @@ def _size(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{int(n):,} B"
 
 
-def _resolve_devices(devices) -> DeviceSet:
+def _resolve_devices(devices) -> tuple[DeviceSet, tuple[str, ...]]:
+    """A ``DeviceSet`` as given, or a shorthand with the CLI's defaults (host DRAM of the
+    preset, 10 % of HBM reserved; ``devices.preset_devices``) and notes naming them."""
     if isinstance(devices, DeviceSet):
-        return devices
+        return devices, ()
     if isinstance(devices, str):
-        return parse_devices(devices)
+        return preset_devices(devices)
     raise UsageError(f"devices must be a DeviceSet or a shorthand like '64xGB200', found {type(devices).__name__}")
 
 
@@ -187,7 +189,8 @@ def plan(
     Args:
         source: checkpoint folder / file / ``hf://`` URL, an open ``Checkpoint``, or
             a ``MoEGeometry``.
-        devices: a ``DeviceSet`` or a shorthand (``"64xGB200"``).
+        devices: a ``DeviceSet`` (used as is) or a shorthand (``"64xGB200"``: the
+            preset's host DRAM and 10 % of HBM reserved, as ``k3ckpt plan --devices``).
         format_id: on-device format of the experts (sets the bytes per expert);
             ``stored``: each expert as the checkpoint stores it; None: ``stored`` for
             a requant output whose experts differ in format, else MXFP4.
@@ -218,13 +221,13 @@ def plan(
         raise UsageError(f"mode must be auto, placement or cache, found {mode!r}")
     if dense not in ("hbm", "host"):
         raise UsageError(f"dense must be 'hbm' or 'host', found {dense!r}")
-    devices = _resolve_devices(devices)
+    devices, device_notes = _resolve_devices(devices)
     for what, x in (("loads", loads), ("trace", trace), ("held-out trace", heldout)):
         if _is_file_arg(x) and not Path(x).is_file():
             raise NotFoundError(f"{what} file not found", file=str(x))
     geo, format_id, geo_notes = resolve_geometry(source, format_id=format_id, include_vision=include_vision,
                                                  model_id=model_id, requant_report=requant_report)
-    notes = list(geo_notes)
+    notes = list(geo_notes) + list(device_notes)
     loads_arr = None if loads is None else _load_array(loads, geo)
     trace_arr = None if trace is None else _trace_array(trace, geo)
     held_arr = None if heldout is None else _trace_array(heldout, geo)
@@ -257,6 +260,7 @@ def plan(
         held_arr = trace_arr
         notes.append("held-out figures use the planning trace (in-sample); give a second trace for out-of-sample")
 
+    per_pass = None
     if dense == "host":
         per_pass = geo.dense_bytes / (devices.device.host_link_bw * PCIE_EFFICIENCY)
         notes.append(
@@ -264,6 +268,8 @@ def plan(
             f"devices.host_dram_bytes is what is left per node ({devices.host_dram_bytes:,} B - {share:,} B); "
             f"streaming them to the GPUs takes {per_pass:.2f} s per forward pass at "
             f"{PCIE_EFFICIENCY:.0%} of the host links, shared by the batch")
+    if per_pass:   # cache mode: the dense stream bounds tokens/s at batch 1 (metrics.binding)
+        planner_options = {**planner_options, "dense_stream_s": per_pass}
     result = make_plan(plan_geo, plan_devices, loads_arr, trace=trace_arr, heldout_trace=held_arr,
                        slots_per_gpu=slots_per_gpu, redundant=redundant, mode=mode, format_id=format_id,
                        **planner_options)

@@ -245,7 +245,62 @@ def test_plan_cache_mode_with_device_file(k3_tiny, tmp_path, capsys):
     np.save(tmp_path / "tr.npy", tr.astype(np.int32))
     rc, text, err = run_cli([k3_tiny, "--device-file", dev, "--trace", tmp_path / "tr.npy"], capsys)
     assert rc == 0, err
-    assert "belady" in text and "of Belady's HBM hit rate" in text and "selection counts" in text
+    assert "belady" in text and "HBM hit rate" in text and "of Belady's" in text and "selection counts" in text
+
+
+def test_plan_forced_cache_mode_says_so(k3_tiny, capsys):
+    rc, text, err = run_cli([k3_tiny, "--devices", "2xH100", "--nvme", "1x7", "--mode", "cache"], capsys)
+    assert rc == 0, err
+    assert "mode             cache (forced by --mode cache; the experts would fit in HBM as a placement)" in text
+    assert "the experts do not fit in HBM" not in text
+
+
+def test_plan_reserves_hbm_by_default(k3_tiny, tmp_path, capsys):
+    """10 % of HBM stays free for the KV cache and activations unless told otherwise."""
+    out = tmp_path / "p.json"
+    rc, text, err = run_cli([k3_tiny, "--devices", "8xH100", "-o", out], capsys)
+    assert rc == 0, err
+    d = Plan.from_json(out.read_text()).devices
+    assert (d.reserved_kv_bytes, d.reserved_act_bytes) == (6_400_000_000, 1_600_000_000)   # 8 % + 2 % of 80 GB
+    assert "reserved 8.00 GB" in text and "reserved HBM: 8% for the KV cache and 2% for activations" in text
+    rc, text, err = run_cli([k3_tiny, "--devices", "8xH100", "--reserve-kv", "4GB", "--reserve-act", "5%", "-o",
+                             out], capsys)
+    assert rc == 0, err
+    d = Plan.from_json(out.read_text()).devices
+    assert (d.reserved_kv_bytes, d.reserved_act_bytes) == (4 * 10**9, 4 * 10**9)
+    assert "reserved HBM:" not in text
+    rc, _, err = run_cli([k3_tiny, "--devices", "8xH100", "--reserve-kv", "100%"], capsys)
+    assert rc == 2 and "share of HBM" in err
+
+
+def test_plan_host_dram_defaults_to_the_preset(k3_tiny, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc, text, err = run_cli([k3_tiny, "--devices", "2xRTX-5090", "--dense", "host", "-o", out], capsys)
+    assert rc == 0, err
+    p = Plan.from_json(out.read_text())
+    assert 255 * 10**9 < p.devices.host_dram_bytes < 256 * 10**9   # 256 GB less the dense weights
+    assert "host DRAM: 256 GB per node assumed for 2 x RTX-5090" in text
+    rc, text, err = run_cli([k3_tiny, "--devices", "2xRTX-5090", "--host-dram", "64GB", "-o", out], capsys)
+    assert Plan.from_json(out.read_text()).devices.host_dram_bytes == 64 * 10**9 and "assumed" not in text
+
+
+def test_readme_few_gpu_example_runs_as_written():
+    """README: `k3ckpt plan SRC --devices 2xRTX-5090 --nvme 2x14@4TB --dense host -o plan.json`
+    (was: "0 B of host DRAM per node (give --host-dram)"); its headline is the binding
+    ceiling, the dense stream at batch 1."""
+    line = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+                if ln.startswith("k3ckpt plan SRC --devices 2xRTX-5090"))
+    args = shlex.split(line.split("#")[0])[2:]
+    ctx = command.make_context("plan", list(args))
+    params = dict(ctx.params)
+    params.pop("src")
+    p = plan_from_options(MoEGeometry.k3(), **params)
+    r = p.cache_report
+    assert p.mode == "cache" and p.devices.host_dram_bytes == 256 * 10**9 - 113_509_540_864
+    assert r.binding == "dense-stream" and r.dense_stream_s == pytest.approx(113_509_540_864 / (64e9 * 0.8))
+    assert r.tokens_per_s == pytest.approx(1 / r.dense_stream_s) and r.tokens_per_s < r.policy(r.best_policy).tokens_per_s
+    text = render_plan(p)
+    assert "tokens/s         ceiling 0.45 at batch 1, bound by streaming the dense weights" in text
 
 
 MINI = {"device": {"base": "RTX-5090", "name": "Mini", "hbm": "2MB"}, "gpus": 2, "nvme": "1x7"}
@@ -258,7 +313,7 @@ MINI = {"device": {"base": "RTX-5090", "name": "Mini", "hbm": "2MB"}, "gpus": 2,
     (["--nvme", "2x14"], r"--devices SPEC .* or --device-file"),
     (["--devices", "8xH100", "--loads", "missing.npy"], r"loads file not found"),
     (["--device-file", "mini.json"], r"dense .* need .* per GPU .*--dense host"),
-    (["--devices", "1xRTX-4090", "--dense", "host"], r"host DRAM"),
+    (["--devices", "1xRTX-4090", "--dense", "host", "--host-dram", "0GB"], r"host DRAM"),
     (["--devices", "2xRTX-5090", "--host-dram", "512"], r"'512' has no unit; give a unit, e\.g\. 512GB"),
     (["--devices", "2xRTX-5090", "--reserve-kv", "4"], r"'4' has no unit"),
 ])

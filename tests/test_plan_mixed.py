@@ -148,7 +148,9 @@ def test_placement_sizes_slots_for_each_layers_largest_expert():
     geo = _k3_mixed(0.05)
     p = planning.plan(geo, "64xGB200", synthetic_trace_tokens=0)
     r = p.placement_report
-    assert r.max_gpu_memory_bytes == geo.dense_bytes + r.max_slots_per_gpu * geo.expert_layer_bytes
+    reserved = p.devices.reserved_bytes   # the default 10 % of HBM
+    assert reserved == 18_600_000_000
+    assert r.max_gpu_memory_bytes == geo.dense_bytes + reserved + r.max_slots_per_gpu * geo.expert_layer_bytes
     assert geo.expert_layer_bytes == geo.bytes_table().max(axis=1).sum()
     back = Plan.from_json(p.to_json())
     assert back.model == geo and back.format_id == "stored"

@@ -178,10 +178,29 @@ def _trace(geo, tokens, seed=0):
                      for _ in range(tokens)]).astype(np.int32)
 
 
+def _plan_notes(p):
+    """A plan's notes less the two that name the shorthand's defaults (host DRAM, reserve)."""
+    return tuple(n for n in p.notes if not n.startswith(("host DRAM:", "reserved HBM:")))
+
+
+def test_shorthand_defaults_are_the_clis():
+    """planning.plan with "8xH100" = `k3ckpt plan --devices 8xH100`: the preset's host
+    DRAM (2 TB a DGX: 256 GB a GPU) and 10 % of HBM reserved, each noted."""
+    p = planning.plan(SMALL, "8xH100", loads=_loads(SMALL), redundant=0)
+    d = p.devices
+    assert d.host_dram_bytes == 8 * 256 * 10**9
+    assert (d.reserved_kv_bytes, d.reserved_act_bytes) == (6_400_000_000, 1_600_000_000)
+    assert [n.split(":")[0] for n in p.notes] == ["host DRAM", "reserved HBM"]
+    q = planning.plan(SMALL, parse_devices("8xH100"), loads=_loads(SMALL), redundant=0)   # a DeviceSet: as is
+    assert q.devices.reserved_bytes == 0 and q.devices.host_dram_bytes == 0 and q.notes == ()
+
+
 def test_plan_synthetic_is_deterministic():
     a = planning.plan(SMALL, "8xH100", synthetic_tokens=5000, synthetic_trace_tokens=64)
-    b = planning.plan(SMALL, parse_devices("8xH100"), synthetic_tokens=5000, synthetic_trace_tokens=64)
-    assert a.to_json() == b.to_json() and a.mode == "placement"
+    b = planning.plan(SMALL, parse_devices("8xH100", host_dram="2048GB", reserved_kv="8%", reserved_act="2%"),
+                      synthetic_tokens=5000, synthetic_trace_tokens=64)
+    assert a.to_dict()["devices"] == b.to_dict()["devices"] and a.mode == "placement"
+    assert a.to_json() == dataclasses.replace(b, notes=a.notes).to_json() and _plan_notes(a) == b.notes
     assert any(n.startswith("loads: synthetic") and "seed 1" in n for n in a.notes)
     assert a.placement_report.traffic_source == "trace"
     c = planning.plan(SMALL, "8xH100", seed=2, synthetic_tokens=5000, synthetic_trace_tokens=64)
@@ -192,7 +211,7 @@ def test_plan_synthetic_is_deterministic():
 def test_plan_inputs_and_notes(tmp_path):
     loads = _loads(SMALL)
     p = planning.plan(SMALL, "8xH100", loads=loads, redundant=0)
-    assert p.notes == () and p.placement_report.traffic_source == "independent"
+    assert _plan_notes(p) == () and p.placement_report.traffic_source == "independent"
     assert p.placement_report.total_slots == 16
     # loads as a file, with one row per model layer (row 0 = dense layer 0): cut to layer_ids
     full = np.vstack([np.zeros((1, 16)), loads])
@@ -205,7 +224,7 @@ def test_plan_inputs_and_notes(tmp_path):
     assert any("selection counts" in n for n in r.notes) and any("in-sample" in n for n in r.notes)
     # with loads and a separate held-out trace: nothing to note
     s = planning.plan(SMALL, "8xH100", loads=loads, heldout=tr)
-    assert s.notes == () and s.placement_report.traffic_source == "trace"
+    assert _plan_notes(s) == () and s.placement_report.traffic_source == "trace"
 
 
 def test_plan_bad_input():

@@ -82,6 +82,40 @@ def test_planning_trace_polishes_placement():
         make_plan(SMALL, ds, w, trace=tr, step_tokens=0)
 
 
+def test_best_policy_is_the_fastest_not_the_most_hbm_hits():
+    """Two layers of 16 real-size K3 experts on one RTX 5090 with 0.5 GB of HBM left:
+    recent-freq has the most HBM hits, static moves the fewest bytes (it never admits
+    a miss) and is the fastest; the plan recommends and stores the fastest."""
+    geo = MoEGeometry(2, 16, 2, 17_547_264, 27_700_000, (1, 2), "k3-shapes")
+    ds = parse_devices("1xRTX-5090", nvme="1x7", host_dram="1GB", reserved_kv="31.5GB")
+    from k3ckpt import planning
+
+    plan = planning.plan(geo, ds, mode="cache")   # synthetic K3-like loads and held-out trace
+    rep = plan.cache_report
+    online = [p for p in rep.policies if p.policy in ("lru", "lfu", "static", "hot-recent", "recent-freq")]
+    most_hits = max(online, key=lambda p: p.hbm_hit)
+    fastest = max(online, key=lambda p: p.tokens_per_s)
+    assert most_hits.policy != fastest.policy   # the case this test is about
+    assert rep.best_policy == fastest.policy == plan.cache.policy
+    assert rep.tokens_per_s == pytest.approx(fastest.tokens_per_s) and rep.binding in ("nvme", "pcie")
+    assert Plan.from_json(plan.to_json()).cache.policy == fastest.policy
+
+
+def test_binding_ceiling_names_the_limit():
+    from k3ckpt.shard.planner import best_policy, binding_ceiling
+    from k3ckpt.shard.plan import CachePolicyReport
+
+    a = CachePolicyReport("lru", 0.9, 0.0, 0.1, 1e9, 2e9, 5.24, 11.35, 5.24)
+    b = CachePolicyReport("static", 0.5, 0.2, 0.3, 1e9, 2e9, 6.0, 8.0, 6.0)
+    assert best_policy([a, b]) is b
+    assert binding_ceiling(a) == (5.24, "nvme")
+    assert binding_ceiling(b) == (6.0, "nvme") and binding_ceiling(b, 0.1) == (6.0, "nvme")
+    tps, name = binding_ceiling(a, 2.22)   # the dense stream: one pass every 2.22 s
+    assert name == "dense-stream" and tps == pytest.approx(1 / 2.22)
+    free = CachePolicyReport("lru", 1.0, 0.0, 0.0, 0.0, 0.0, None, None, None)
+    assert binding_ceiling(free) == (None, "") and best_policy([a, free]) is free
+
+
 def test_cache_mode_when_experts_do_not_fit():
     ds = parse_devices("2xRTX-5090", nvme="2x14@4TB", host_dram="64GB")
     # 32 GB - 10 GB dense share: 20 experts of 1 GiB per GPU < 16 experts x 2 layers

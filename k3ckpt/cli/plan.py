@@ -39,6 +39,21 @@ def _layer_ranges(ids, bounds) -> str:
     return "; ".join(parts)
 
 
+def _headline(best, dense_stream_s) -> str:
+    """The binding ceiling first, then the limit that binds and the others."""
+    from ..shard.planner import binding_ceiling
+
+    tps, binding = binding_ceiling(best, dense_stream_s)
+    experts = f"NVMe {_tps(best.tokens_per_s_nvme)}, PCIe {_tps(best.tokens_per_s_pcie)}"
+    if binding == "dense-stream":
+        return (f"ceiling {_tps(tps)} at batch 1, bound by streaming the dense weights from host DRAM "
+                f"({dense_stream_s:.2f} s per forward pass, shared by the batch); the experts alone allow "
+                f"{_tps(best.tokens_per_s)} ({experts})")
+    if not binding:
+        return "ceiling unbounded (no expert read leaves HBM)"
+    return f"ceiling {_tps(tps)}, bound by {'NVMe reads' if binding == 'nvme' else 'the host links (PCIe)'} ({experts})"
+
+
 def _row(label: str, text: str) -> str:
     return f"{label:<16} {text}"
 
@@ -100,8 +115,13 @@ def render_plan(p) -> str:
     else:
         c, r = p.cache, p.cache_report
         active = m.top_k * (c.layer_bounds[1:] - c.layer_bounds[:-1])
+        from ..shard.plan import placement_slot_limit
+
+        fits = placement_slot_limit(m, d) * d.num_gpus >= m.experts
+        why = ("cache (forced by --mode cache; the experts would fit in HBM as a placement)" if fits else
+               "cache: the experts do not fit in HBM")
         lines += [
-            _row("mode", "cache: the experts do not fit in HBM; per rank an HBM tier, a host-DRAM tier, NVMe"),
+            _row("mode", f"{why}; per rank an HBM tier, a host-DRAM tier, NVMe"),
             _row("layers", f"{_layer_ranges(m.layer_ids, c.layer_bounds)} (pipeline ranks)"),
         ]
         rows = []
@@ -122,12 +142,11 @@ def render_plan(p) -> str:
                   table(prow, ["policy", "HBM hit", "host hit", "NVMe", "NVMe bytes/token", "PCIe bytes/token",
                                "tokens/s"]), ""]
         best = r.policy(r.best_policy)
-        ratio = "" if r.best_over_belady is None else f"; {r.best_over_belady:.4f} of Belady's HBM hit rate"
+        ratio = "" if r.best_over_belady is None else f"; HBM hit rate {r.best_over_belady:.4f} of Belady's"
         lines += [
-            _row("best policy", f"{r.best_policy}{ratio}"),
+            _row("best policy", f"{r.best_policy} (highest tokens/s ceiling){ratio}"),
             _row("NVMe", f"{_gb(best.nvme_bytes_per_token)} per token; node read {_gb(d.nvme_read_bw)}/s"),
-            _row("tokens/s", f"ceiling {_tps(best.tokens_per_s)} (NVMe {_tps(best.tokens_per_s_nvme)}, "
-                             f"PCIe {_tps(best.tokens_per_s_pcie)})"),
+            _row("tokens/s", _headline(best, r.dense_stream_s)),
         ]
     lines += [_row("note", n) for n in p.notes]
     return "\n".join(lines)
@@ -159,17 +178,18 @@ def write_plan(p, path: str | os.PathLike) -> Path:
 
 
 def build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act):
+    """``(DeviceSet, notes)``: a device file as it is, or ``--devices`` with the preset's
+    host DRAM and the default HBM reserve where not given (notes say so)."""
     from ..errors import UsageError
-    from ..shard.devices import load_device_set, parse_devices
+    from ..shard.devices import load_device_set, preset_devices
 
     if (devices is None) == (device_file is None):
         raise UsageError("give --devices SPEC (e.g. 64xGB200) or --device-file FILE, one of the two")
     if device_file is not None:
         if any(x is not None for x in (nvme, host_dram, reserve_kv, reserve_act)):
             raise UsageError("--nvme, --host-dram and --reserve-* go with --devices; put them in the device file")
-        return load_device_set(device_file)
-    return parse_devices(devices, nvme=nvme, host_dram=host_dram, reserved_kv=reserve_kv or 0,
-                         reserved_act=reserve_act or 0)
+        return load_device_set(device_file), ()
+    return preset_devices(devices, nvme=nvme, host_dram=host_dram, reserved_kv=reserve_kv, reserved_act=reserve_act)
 
 
 def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads,
@@ -179,10 +199,13 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
     ``MoEGeometry``: the docs examples are checked this way without a checkpoint)."""
     from .. import planning
 
-    ds = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
-    return planning.plan(src, ds, format_id=format_id, requant_report=requant_report, loads=loads, trace=trace,
-                         heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
-                         model_id=model_id, seed=seed)
+    import dataclasses
+
+    ds, dev_notes = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
+    p = planning.plan(src, ds, format_id=format_id, requant_report=requant_report, loads=loads, trace=trace,
+                      heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
+                      model_id=model_id, seed=seed)
+    return dataclasses.replace(p, notes=tuple(p.notes) + tuple(dev_notes)) if dev_notes else p
 
 
 @click.command("plan")
@@ -192,9 +215,11 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
               "or NODESxGPUSxNAME (2x8xH100); docs/devices.md.")
 @click.option("--device-file", type=click.Path(dir_okay=False), help="Device-set file (.json / .toml).")
 @click.option("--nvme", metavar="SPEC", help="NVMe drives per node: COUNTxGBPS[@CAPACITY], e.g. 2x14@4TB.")
-@click.option("--host-dram", metavar="SIZE", help="Host DRAM per node, e.g. 512GB.")
-@click.option("--reserve-kv", metavar="SIZE", help="HBM per GPU kept for the KV cache.")
-@click.option("--reserve-act", metavar="SIZE", help="HBM per GPU kept for activations.")
+@click.option("--host-dram", metavar="SIZE", help="Host DRAM per node, with a unit (512GB). Default: the preset's "
+              "(128 GB per RTX 5090, 256 GB per H100/H200/B200, 960 GB per GB200 tray; docs/devices.md).")
+@click.option("--reserve-kv", metavar="SIZE|PCT", help="HBM per GPU kept for the KV cache: a size (4GB) or a share "
+              "of HBM (8%). Default 8%, with --reserve-act 2%: 10% of HBM stays free.")
+@click.option("--reserve-act", metavar="SIZE|PCT", help="HBM per GPU kept for activations (default 2%).")
 @click.option("--format", "format_id", default=None,
               help="On-device expert format (sets the bytes per expert); see `k3ckpt formats`. 'stored': each "
                    "expert as SRC stores it. Default: mxfp4-pack-quantized, or 'stored' when SRC's experts are "

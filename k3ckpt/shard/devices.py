@@ -31,8 +31,13 @@ __all__ = [
     "lookup_device",
     "pcie_bandwidth",
     "parse_bytes",
+    "parse_reserve",
     "parse_nvme",
+    "DEFAULT_RESERVE_KV",
+    "DEFAULT_RESERVE_ACT",
     "parse_devices",
+    "preset_devices",
+    "DEFAULT_HOST_DRAM_PER_GPU",
     "load_device_set",
     "device_set_from_dict",
 ]
@@ -244,6 +249,63 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
     return parse_size(text, what)
 
 
+# HBM per GPU a plan keeps free for the KV cache and activations unless told otherwise
+# (``k3ckpt plan`` and ``planning.plan`` with a shorthand): 10 % in all.  K3's MLA cache
+# is ~26.5 KB a token over its 23 MLA layers plus ~0.2 GB of KDA state a sequence, so
+# 8 % of a 32 GB card (2.56 GB) holds a few 32k-token sequences; activations of a
+# 512-token step fit in 2 %.  Filling HBM to the last byte with experts leaves the
+# runtime nothing to run in.
+DEFAULT_RESERVE_KV = "8%"
+DEFAULT_RESERVE_ACT = "2%"
+
+
+def parse_reserve(value: str | int | float, hbm_bytes: int, what: str = "reserve") -> int:
+    """A reserve of HBM: a size (``4GB``) or a share of the GPU's HBM (``8%``)."""
+    text = str(value).strip() if isinstance(value, str) else None
+    if text and text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 <= pct < 100:
+            raise UsageError(f"{what}: {text!r} must be a share of HBM from 0% to below 100%, or a size like 4GB")
+        return int(hbm_bytes * pct / 100)
+    return parse_size(value, what)
+
+
+# Host DRAM per GPU a shorthand assumes when --host-dram is not given: the vendor's
+# reference system divided by its GPUs (DGX H100 / H200 / B200: 2 TB for 8; a GB200 or
+# GB300 tray: one 480 GB Grace per 2 GPUs; 8-GPU MI300X / MI355X platforms: 2 TB), and
+# for workstation cards a common build (128 GB a card: 256 GB in a two-card RTX 5090
+# box).  Plans say which figure they used; give --host-dram for the real one.
+DEFAULT_HOST_DRAM_PER_GPU = {
+    "H100-80G": 256 * GB, "H200-141G": 256 * GB, "B200-192G": 256 * GB, "GB200-NVL72": 240 * GB,
+    "GB300-NVL72": 240 * GB, "MI300X": 256 * GB, "MI355X": 256 * GB, "RTX-4090": 64 * GB,
+    "RTX-5090": 128 * GB, "RTX-PRO-6000": 192 * GB,
+}
+
+
+def preset_devices(spec: str, *, nvme: str | None = None, host_dram=None, reserved_kv=None, reserved_act=None,
+                   **kw) -> tuple[DeviceSet, tuple[str, ...]]:
+    """``parse_devices`` with the defaults a user of ``k3ckpt plan --devices`` expects:
+    host DRAM from ``DEFAULT_HOST_DRAM_PER_GPU`` and a reserve of ``DEFAULT_RESERVE_KV`` +
+    ``DEFAULT_RESERVE_ACT`` of HBM, each where not given.  Returns the set and notes
+    naming the defaults used."""
+    probe = parse_devices(spec, nvme=nvme, **kw)
+    notes = []
+    if host_dram is None:
+        host_dram = DEFAULT_HOST_DRAM_PER_GPU.get(probe.device.name, 0) * probe.gpus_per_node
+        notes.append(f"host DRAM: {host_dram / GB:,.0f} GB per node assumed for {probe.gpus_per_node} x "
+                     f"{probe.device.name} (docs/devices.md); give --host-dram SIZE for yours")
+    if reserved_kv is None and reserved_act is None:
+        reserved_kv, reserved_act = DEFAULT_RESERVE_KV, DEFAULT_RESERVE_ACT
+        notes.append(f"reserved HBM: {DEFAULT_RESERVE_KV} for the KV cache and {DEFAULT_RESERVE_ACT} for "
+                     f"activations per GPU (default); --reserve-kv / --reserve-act change it")
+    ds = parse_devices(spec, nvme=nvme, host_dram=host_dram, reserved_kv=reserved_kv or 0,
+                       reserved_act=reserved_act or 0, **kw)
+    return ds, tuple(notes)
+
+
 def parse_nvme(text: str) -> tuple[NVMeDrive, ...]:
     """Drives per node: ``COUNTxGBPS[@CAPACITY]``, several groups joined by ``,``.
 
@@ -326,8 +388,8 @@ def parse_devices(
         scaleup_domain=domain,
         host_dram_bytes=parse_bytes(host_dram, "host DRAM") if host_dram is not None else 0,
         nvme=parse_nvme(nvme) if nvme else (),
-        reserved_kv_bytes=parse_bytes(reserved_kv, "reserved KV cache"),
-        reserved_act_bytes=parse_bytes(reserved_act, "reserved activations"),
+        reserved_kv_bytes=parse_reserve(reserved_kv, dev.hbm_bytes, "reserved KV cache"),
+        reserved_act_bytes=parse_reserve(reserved_act, dev.hbm_bytes, "reserved activations"),
     )
 
 

@@ -208,7 +208,14 @@ class CachePolicyReport:
 @dataclass(frozen=True)
 class CacheReport:
     """Cache figures; ``simulated`` is False when no held-out trace was given (then the
-    only row is ``static``, estimated from the planning loads)."""
+    only row is ``static``, estimated from the planning loads).
+
+    ``best_policy`` is the online policy with the highest tokens/s ceiling (ties: higher
+    HBM hit rate, then the order of ``cache.POLICIES``).  ``tokens_per_s`` is the binding
+    ceiling: the smallest of the best policy's NVMe and PCIe ceilings and, with the dense
+    weights in host DRAM, the dense stream at batch 1 (``dense_stream_s`` seconds a
+    forward pass); ``binding`` names it (``nvme``, ``pcie``, ``dense-stream``, or ``""``
+    when nothing limits)."""
 
     hbm_slots: int
     host_slots: int
@@ -217,6 +224,9 @@ class CacheReport:
     policies: tuple[CachePolicyReport, ...]
     best_policy: str
     best_over_belady: float | None
+    tokens_per_s: float | None = None
+    binding: str = ""
+    dense_stream_s: float | None = None
 
     def policy(self, name: str) -> CachePolicyReport:
         for p in self.policies:
@@ -510,6 +520,7 @@ def make_plan(
     format_id: str = FORMAT_ID,
     host_fraction: float = 0.8,
     pcie_efficiency: float = 0.8,
+    dense_stream_s: float | None = None,
     **planner_options,
 ) -> Plan:
     """Plan expert placement or an expert cache for ``geometry`` on ``devices``.
@@ -530,6 +541,8 @@ def make_plan(
         topology: order GPUs by co-activation when a trace and several domains exist.
         host_fraction: share of host DRAM the cache's host tier may use.
         pcie_efficiency: achieved / nominal host-link bandwidth for the ceilings.
+        dense_stream_s: cache mode, dense weights in host DRAM: seconds to stream
+            them to the GPUs once per forward pass; bounds tokens/s at batch 1.
         planner_options: passed to ``placement.plan_placement`` (``drift``, ...), and
             ``step_tokens`` (tokens of one forward step over all GPUs, default 512
             per GPU): with a planning trace the placement is polished for the load
@@ -544,5 +557,5 @@ def make_plan(
     return build_plan(
         geometry, devices, loads, trace=trace, heldout_trace=heldout_trace, slots_per_gpu=slots_per_gpu,
         redundant=redundant, mode=mode, topology=topology, format_id=format_id, host_fraction=host_fraction,
-        pcie_efficiency=pcie_efficiency, **planner_options,
+        pcie_efficiency=pcie_efficiency, dense_stream_s=dense_stream_s, **planner_options,
     )

@@ -22,7 +22,7 @@ from .plan import (
 )
 from .topology import load_factors, order_bins, traffic
 
-__all__ = ["build_plan", "slot_budget", "robust_options"]
+__all__ = ["build_plan", "slot_budget", "robust_options", "best_policy", "binding_ceiling"]
 
 
 def slot_budget(
@@ -63,7 +63,7 @@ def slot_budget(
 
 def build_plan(
     geometry, devices, loads, *, trace, heldout_trace, slots_per_gpu, redundant, mode, topology, format_id,
-    host_fraction, pcie_efficiency, **planner_options,
+    host_fraction, pcie_efficiency, dense_stream_s=None, **planner_options,
 ) -> Plan:
     if not isinstance(geometry, MoEGeometry) or not isinstance(devices, DeviceSet):
         raise UsageError("make_plan needs a MoEGeometry and a DeviceSet")
@@ -85,7 +85,8 @@ def build_plan(
                                format_id, planner_options)
     if slots_per_gpu is not None or redundant is not None or planner_options:
         raise UsageError("slot budgets and planner options apply to placement mode only")
-    return _cache_plan(geometry, devices, loads, heldout_trace, format_id, host_fraction, pcie_efficiency)
+    return _cache_plan(geometry, devices, loads, heldout_trace, format_id, host_fraction, pcie_efficiency,
+                       dense_stream_s)
 
 
 FACTOR_BLOCK_TOKENS = 32
@@ -226,7 +227,31 @@ def _ceilings(devices, ranks, per_rank, k, eb, pcie_efficiency):
     return float(nvme_b.sum()), float(pcie_b.sum()), fin(tps_nvme), fin(tps_pcie), fin(best)
 
 
-def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pcie_efficiency):
+def best_policy(rows):
+    """The fastest policy: highest tokens/s ceiling (None = unbounded), ties by HBM hit
+    rate, then host hit rate, then the order of the rows (``cache.POLICIES``).  A hit
+    rate is only a means: a policy with more HBM hits may still move more bytes."""
+    def key(ir):
+        i, r = ir
+        return (math.inf if r.tokens_per_s is None else r.tokens_per_s, r.hbm_hit, r.host_hit, -i)
+
+    return max(enumerate(rows), key=key)[1]
+
+
+def binding_ceiling(best, dense_stream_s: float | None = None) -> tuple[float | None, str]:
+    """``(tokens/s, limit)``: the smallest of the policy's NVMe and PCIe ceilings and the
+    dense stream at batch 1 (one forward pass every ``dense_stream_s`` seconds)."""
+    limits = [(best.tokens_per_s_nvme, "nvme"), (best.tokens_per_s_pcie, "pcie")]
+    if dense_stream_s:
+        limits.append((1.0 / dense_stream_s, "dense-stream"))
+    limits = [(x, name) for x, name in limits if x is not None]
+    if not limits:
+        return None, ""
+    x, name = min(limits, key=lambda t: t[0])
+    return float(x), name
+
+
+def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pcie_efficiency, dense_stream_s=None):
     bounds, ranks, preload = _cache_layout(geometry, devices, loads, host_fraction)
     k, eb = geometry.top_k, geometry.expert_bytes
     from .cache import TierStats
@@ -265,9 +290,10 @@ def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pci
         rows.append(CachePolicyReport(name, hbm_hit, host_hit, max(0.0, 1 - hbm_hit - host_hit), nvme_b, pcie_b,
                                       t_nvme, t_pcie, t_all))
     online = [r for r in rows if r.policy in ONLINE]
-    best = max(online, key=lambda r: (r.hbm_hit, r.host_hit))
+    best = best_policy(online)
     bel = next((r for r in rows if r.policy == "belady"), None)
     ratio = (best.hbm_hit / bel.hbm_hit if bel.hbm_hit > 0 else 1.0) if bel else None
+    tps, binding = binding_ceiling(best, dense_stream_s)
     report = CacheReport(
         hbm_slots=int(sum(rc.hbm_slots for rc in ranks)),
         host_slots=int(sum(rc.host_slots for rc in ranks)),
@@ -276,6 +302,9 @@ def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pci
         policies=tuple(rows),
         best_policy=best.policy,
         best_over_belady=ratio,
+        tokens_per_s=tps,
+        binding=binding,
+        dense_stream_s=dense_stream_s,
     )
     layout = CacheLayout(
         layer_bounds=bounds,

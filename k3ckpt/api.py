@@ -136,18 +136,22 @@ def make_fixture(name: str, dst: str | os.PathLike, *, seed: int = 0, layers: in
 
 @_for_python
 def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf16", tensors: str | None = None,
-            progress: bool = False):
+            max_shard_size: int | str | None = None, dry_run: bool = False, progress: bool = False):
     """Write ``dst``: ``src`` with its (selected) quantized weights decoded to ``dtype`` (``DequantResult``).
 
     Args:
         dtype: ``bf16``, ``f16`` or ``f32``.
         tensors: a regex on tensor names choosing which weights to decode (default: all).
+        max_shard_size: largest output shard, bytes or a size with a unit (default ``"5GB"``).
+        dry_run: plan from headers and write nothing; the result says what a run would write.
         progress: a tqdm bar on stderr.
     """
-    from .dequant import dequant_checkpoint
+    from .dequant import SHARD_BYTES, dequant_checkpoint
 
+    shard = SHARD_BYTES if max_shard_size is None else _size(max_shard_size, "max_shard_size")
     with open_source(src) as ckpt:
-        return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress)
+        return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress,
+                                  max_shard_bytes=shard, dry_run=dry_run)
 
 
 @_for_python

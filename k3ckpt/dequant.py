@@ -19,7 +19,6 @@ byte for byte.  config.json's ``quantization_config`` (and ModelOpt's
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import re
@@ -30,10 +29,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .errors import InvalidFileError, NaNScaleError, OutputExistsError, ShapeError, UnsupportedError, UsageError
+from .errors import InvalidFileError, NaNScaleError, ShapeError, UnsupportedError, UsageError
 from .io.dtypes import lookup, value_dtype
 from .io.reader import Checkpoint
-from .io.writer import ShardedWriter, TensorSpec, atomic_write_json
+from .io.writer import TensorSpec
 from .profiles import detect
 
 OUT_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
@@ -63,6 +62,20 @@ class DequantResult:
     shards: tuple[str, ...] = ()
     bytes_written: int = 0
     dropped: tuple[str, ...] = ()            # activation scales of decoded modules (input_scale, ...)
+    dry_run: bool = False                    # planned only: nothing was written
+    tensors: int = 0                         # output tensors
+    free_bytes: int | None = None            # dry run: free space where DST goes
+    max_shard_bytes: int = 0
+
+    @property
+    def fits(self) -> bool | None:
+        """Dry run: whether DST's filesystem has room for the output (None after a run)."""
+        return None if self.free_bytes is None else self.bytes_written <= self.free_bytes
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {**asdict(self), "fits": self.fits}
 
 
 def _gptoss_outputs(base: str, experts: int) -> tuple[str, ...]:
@@ -371,20 +384,32 @@ def _is_weight_file(name: str) -> bool:
     return name.endswith(".safetensors") or name.endswith(".safetensors.index.json") or name == "config.json"
 
 
-def prepare_dst(dst: str | os.PathLike) -> Path:
-    """An empty (or new) destination folder; refuses to write into a non-empty one."""
-    dst = Path(dst)
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise OutputExistsError(f"destination {dst} exists and is not an empty folder")
-    dst.mkdir(parents=True, exist_ok=True)
-    return dst
+JOB = "dequant"
+SHARD_BYTES = 5_000_000_000   # save_pretrained's default max_shard_size; the source's own shards do not fit
+                              # a decoded output (bf16 is ~3.6x MXFP4), so the source's sharding is not kept
 
 
-def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: str | None = None,
-                       progress: bool = False, max_shard_bytes: int = 5_000_000_000) -> DequantResult:
-    """Write ``dst``: ``ckpt`` with its (selected) quantized weights decoded to ``dtype``."""
-    from tqdm import tqdm
+@dataclass(frozen=True)
+class DequantPlan:
+    """What a run writes, from headers alone (``plan_dequant``)."""
 
+    decoded: tuple[DecodedWeight, ...]   # selected weights, in source order
+    skipped: tuple[str, ...]             # quantized weights left as they were (with reason)
+    specs: tuple[TensorSpec, ...]        # every output tensor, in output order
+    copies: tuple[str, ...]              # source tensors copied byte for byte (same name)
+    out_dtype: str
+    everything: bool                     # nothing quantized is left (quantization_config is dropped)
+    fused_bias: dict = field(default_factory=dict, repr=False)   # gpt-oss bias -> its fused weight
+    by_first: dict = field(default_factory=dict, repr=False)     # first part -> weight (output goes there)
+    consumed: frozenset = frozenset()    # source tensors replaced by a decoded output
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+
+def plan_dequant(ckpt: Checkpoint, *, dtype: str = "bf16", pattern: str | None = None) -> DequantPlan:
+    """The plan for ``ckpt``: O(N) in the tensor count (K3 has 497,220 tensors, 247,296 weights)."""
     if dtype not in OUT_DTYPES:
         raise UsageError(f"--dtype must be one of {sorted(OUT_DTYPES)}, got {dtype!r}")
     out_dtype = OUT_DTYPES[dtype]
@@ -400,77 +425,30 @@ def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: s
             raise UnsupportedError(f"cannot decode {picked[0]}")
         if not todo:
             raise UsageError(f"--tensors {pattern!r} matches no decodable quantized weight")
-    skipped = tuple(undecodable + [f"{w.weight} (not selected)" for w in weights if w not in todo])
-
-    _check_tensor_scales(ckpt, todo)   # refuse before anything is written
+    # by name, not `w not in todo`: a list membership test per weight was O(N^2) (~3 h at K3)
+    chosen = {w.weight for w in todo}
+    left = [w.weight for w in weights if w.weight not in chosen]
     specs, fused_bias = _output_specs(ckpt, todo, out_dtype)
-    dst = prepare_dst(dst)
-    total = sum(s.nbytes for s in specs)
-    nan_blocks: dict[str, int] = {}
-    inexact: dict[str, int] = {}
     by_first = _first_parts(ckpt, todo)
-    consumed = {n for w in todo for n in (*w.parts.values(), *w.extras)}
-    copied = 0
-    with ShardedWriter(dst, specs, max_shard_bytes=max_shard_bytes) as writer, \
-            tqdm(total=total, unit="B", unit_scale=True, desc="dequant", disable=not progress) as bar:
-        for name, e in ckpt.tensors.items():
-            if name in by_first:
-                w = by_first[name]
-                for r0, x, parts in _decode_chunks(ckpt, w):
-                    nan_blocks[w.weight] = nan_blocks.get(w.weight, 0) + _nan_blocks(w, parts, x)
-                    y, changed = _convert(x, out_dtype)
-                    if changed:
-                        inexact[w.weight] = inexact.get(w.weight, 0) + changed
-                    if w.format == "gpt-oss-mxfp4":
-                        _write_unfused(writer, w, r0, y)
-                    else:
-                        writer.write_chunk(w.outputs[0], r0 * y[0].nbytes, np.ascontiguousarray(y))
-                    bar.update(y.nbytes)
-            elif name in consumed:
-                continue
-            elif name in fused_bias:
-                w = fused_bias[name]
-                raw = ckpt.read_raw(name)
-                per = len(w.outputs) // raw.shape[0]
-                for i, out in enumerate(w.outputs):
-                    expert, j = divmod(i, per)
-                    writer.write(out[: -len(".weight")] + ".bias", np.ascontiguousarray(raw[expert, j::per]))
-                bar.update(raw.nbytes)
-            else:
-                offset = 0
-                for chunk in ckpt.iter_chunks(name):
-                    writer.write_chunk(name, offset, chunk)
-                    offset += len(chunk)
-                    bar.update(len(chunk))
-                copied += 1
-        written = writer.close()
-    everything = not any(True for w in weights if w not in todo) and not undecodable
-    if ckpt.config is not None:
-        atomic_write_json(dst / "config.json", _narrow_quant_config(ckpt.config, todo, everything))
-    root = ckpt.root if ckpt.root and ckpt.root.is_dir() else None
-    copy_side_files(root, dst, skip=lambda n: _is_weight_file(n) or n == HF_QUANT_CONFIG)
-    if root is not None and (root / HF_QUANT_CONFIG).is_file():
-        try:
-            hqc = json.loads((root / HF_QUANT_CONFIG).read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidFileError(f"not valid JSON: {exc}", file=str(root / HF_QUANT_CONFIG)) from None
-        narrowed = _narrow_hf_quant_config(hqc, todo, everything)
-        if narrowed is not None:
-            atomic_write_json(dst / HF_QUANT_CONFIG, narrowed)
-    return DequantResult(
-        dst=str(dst),
-        decoded=tuple(w.weight for w in todo),
-        copied=copied,
-        skipped=skipped,
-        nan_blocks={k: v for k, v in nan_blocks.items() if v},
-        inexact=inexact,
-        shards=tuple(p.name for p in written),
-        bytes_written=total,
-        dropped=tuple(n for w in todo for n in w.extras),
-    )
+    consumed = frozenset(n for w in todo for n in (*w.parts.values(), *w.extras))
+    copies = tuple(n for n in ckpt.tensors if n not in by_first and n not in consumed and n not in fused_bias)
+    return DequantPlan(tuple(todo), tuple(undecodable + [f"{n} (not selected)" for n in left]), tuple(specs),
+                       copies, out_dtype, not left and not undecodable, fused_bias, by_first, consumed)
 
 
-def _check_tensor_scales(ckpt: Checkpoint, todo: list[DecodedWeight]) -> None:
+def shard_names(specs, max_shard_bytes: int) -> list[str]:
+    """The file names ``ShardedWriter`` gives ``specs`` (its greedy rule), without a folder."""
+    count, size = (1 if specs else 0), 0
+    for s in specs:
+        if size and size + s.nbytes > max_shard_bytes:
+            count, size = count + 1, 0
+        size += s.nbytes
+    count = max(count, 1)
+    index = ["model.safetensors.index.json"] if count > 1 else []   # the writer's index, as a run lists it
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)] + index
+
+
+def _check_tensor_scales(ckpt: Checkpoint, todo) -> None:
     """NVFP4's per-tensor scale of every selected weight is a usable number (a NaN raises NaNScaleError)."""
     for w in todo:
         for role in ("global_scale", "scale_2"):
@@ -478,10 +456,8 @@ def _check_tensor_scales(ckpt: Checkpoint, todo: list[DecodedWeight]) -> None:
                 _read_fixed(ckpt, w, role, w.parts[role], "F32")
 
 
-def _write_unfused(writer: ShardedWriter, w: DecodedWeight, r0: int, y: np.ndarray) -> None:
-    """gpt-oss: rows of the fused [E, rows, K] go to per-expert tensors (even rows gate, odd up)."""
-    per = len(w.outputs) // w.shape[0]
-    for i in range(y.shape[0]):
-        expert = r0 + i
-        for j in range(per):
-            writer.write(w.outputs[expert * per + j], np.ascontiguousarray(y[i, j::per]))
+def dequant_checkpoint(*args, **kwargs):
+    """``k3ckpt.dequant_run.dequant_checkpoint`` (the run lives there; planning here)."""
+    from .dequant_run import dequant_checkpoint as run
+
+    return run(*args, **kwargs)

@@ -341,5 +341,129 @@ def test_cli_reports_dropped_scales_and_nan_blocks(sources, tmp_path):
     _fp8_file(tmp_path / "m.safetensors", (130, 64), nan_tile=(1, 0))
     res = CliRunner().invoke(command, [str(tmp_path / "m.safetensors"), str(tmp_path / "o2"), "--json"])
     assert res.exit_code == 0, res.output
-    data = json.loads(res.output)
+    data = json.loads(res.stdout)   # the warnings are on stderr
+    assert "1 block(s) in 1 weight(s) have a NaN scale" in res.stderr
     assert data["nan_blocks"] == {"model.layers.0.mlp.experts.0.down_proj.weight": 1} and data["dropped"] == []
+
+
+# -- issue 17: planning at K3 scale, --dry-run, warnings, leftovers, shard size, manifest -------------
+
+
+def test_planning_compares_no_weights_with_each_other(kimi_k2_tiny, tmp_path, monkeypatch):
+    """Planning is O(N): no weight is looked up in a list of weights (`w not in todo` compared
+    each weight with every earlier one: ~3e10 comparisons, ~3 h, for K3's 247,296)."""
+    calls = []
+    eq = dequant_mod.DecodedWeight.__eq__
+
+    def counting(self, other):
+        calls.append(1)
+        return eq(self, other)
+
+    monkeypatch.setattr(dequant_mod.DecodedWeight, "__eq__", counting)
+    result = api.dequant(kimi_k2_tiny, tmp_path / "out", dtype="f32")
+    assert len(result.decoded) == 72 and calls == []
+
+
+def test_dry_run_writes_nothing_and_says_what_a_run_writes(k3_tiny, tmp_path):
+    dry = api.dequant(k3_tiny, tmp_path / "a" / "out", dry_run=True, max_shard_size="4MB")
+    assert not (tmp_path / "a").exists()
+    assert dry.dry_run and dry.fits and dry.free_bytes > 0
+    run = api.dequant(k3_tiny, tmp_path / "out", max_shard_size="4MB")
+    assert (dry.tensors, dry.decoded, dry.copied, dry.bytes_written) == (196, run.decoded, 124, 14_717_472)
+    assert len(dry.shards) == 5 and dry.shards == run.shards and dry.shards[-1] == "model.safetensors.index.json"
+    with open_checkpoint(tmp_path / "out") as out:
+        assert len(out.tensors) == run.tensors == 196
+
+
+def test_dry_run_reports_too_little_space(k3_tiny, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from click.testing import CliRunner
+
+    from k3ckpt.cli.dequant import command
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    res = CliRunner().invoke(command, [str(k3_tiny), str(tmp_path / "out"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "would write" in res.output and "196 tensor(s)" in res.output and "1 shard(s)" in res.output
+    assert "NOT enough free space: 1.00 KB free" in res.output and not (tmp_path / "out").exists()
+    res = CliRunner().invoke(command, [str(k3_tiny), str(tmp_path / "out"), "--dry-run", "--json"])
+    data = json.loads(res.stdout)
+    assert data["dry_run"] is True and data["fits"] is False and data["tensors"] == 196
+
+
+def test_cli_warnings_go_to_stderr_in_one_line(kimi_k2_tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from k3ckpt.cli.dequant import command
+
+    res = CliRunner().invoke(command, [str(kimi_k2_tiny), str(tmp_path / "out"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "warning:" not in res.stdout and res.stdout.startswith("wrote ")
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert "in 72 weight(s) rounded by the bf16 output (most: model.layers." in lines[0]
+    assert lines[0].endswith("--dtype f32 keeps them exact")
+    res = CliRunner().invoke(command, [str(kimi_k2_tiny), str(tmp_path / "f32"), "-q", "--dtype", "f32"])
+    assert res.exit_code == 0 and res.stderr == ""
+
+
+def test_disk_space_error_leaves_no_folder_behind(k3_tiny, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from k3ckpt.errors import DiskSpaceError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(DiskSpaceError):
+        api.dequant(k3_tiny, tmp_path / "new" / "out")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DiskSpaceError):
+        api.dequant(k3_tiny, tmp_path / "mine")
+    assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
+
+
+def test_failed_run_removes_what_it_created_only(k3_tiny, tmp_path, monkeypatch):
+    from k3ckpt import dequant_run
+
+    def boom(*a, **k):
+        raise UnsupportedError("stop")
+
+    monkeypatch.setattr(dequant_run, "_decode_chunks", boom)
+    with pytest.raises(UnsupportedError):
+        api.dequant(k3_tiny, tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(UnsupportedError):
+        api.dequant(k3_tiny, tmp_path / "kept")
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+
+
+def test_max_shard_size_cuts_shards_and_needs_a_unit(k3_tiny, tmp_path):
+    from k3ckpt.cli.main import main
+
+    assert main(["dequant", str(k3_tiny), str(tmp_path / "o"), "-q", "--max-shard-size", "2MB"]) == 0
+    shards = sorted(p.name for p in (tmp_path / "o").glob("*.safetensors"))
+    assert len(shards) == 8 and shards[0] == "model-00001-of-00008.safetensors"
+    assert all(p.stat().st_size <= 2_000_000 + 50_000 for p in (tmp_path / "o").glob("*.safetensors"))
+    assert (tmp_path / "o" / "model.safetensors.index.json").is_file()
+    assert main(["dequant", str(k3_tiny), str(tmp_path / "p"), "--max-shard-size", "5"]) == 2
+    assert not (tmp_path / "p").exists()
+    assert api.dequant(k3_tiny, tmp_path / "q", dry_run=True).max_shard_bytes == 5_000_000_000
+
+
+def test_output_has_a_manifest_that_verify_checks(k3_tiny, tmp_path):
+    out = tmp_path / "out"
+    api.dequant(k3_tiny, out, tensors=r"layers\.1\.")
+    manifest = json.loads((out / "k3ckpt-manifest.json").read_text())
+    assert manifest["job"] == "dequant" and manifest["state"] == "complete"
+    assert manifest["options"] == {"dtype": "bf16", "tensors": r"layers\.1\.", "max_shard_bytes": 5_000_000_000}
+    assert {"config.json", "model-00001-of-00001.safetensors", "tokenizer_config.json"} <= set(manifest["files"])
+    r = api.verify(out, source=k3_tiny)
+    assert r.ok and r.source_checked and r.tensors_checked == 244 and r.files_checked == len(manifest["files"])
+    (out / "config.json").write_text("{}")
+    assert any(p.startswith("config.json: ") for p in api.verify(out).problems)

@@ -16,12 +16,16 @@ from .source import hub_option, source_argument
 @click.argument("dst")
 @hub_option
 @click.option("--dtype", type=click.Choice(["bf16", "f16", "f32"]), default="bf16", show_default=True,
-              help="Output dtype of decoded weights.")
+              help="Output dtype of decoded weights (f32 keeps every decoded value exact).")
 @click.option("--tensors", "pattern", metavar="REGEX", default=None,
               help="Decode only quantized weights whose logical name matches (default: all).")
+@click.option("--max-shard-size", "max_shard", metavar="SIZE", default="5GB", show_default=True,
+              help="Largest output shard, with a unit (e.g. 5GB, 500MB, 2GiB).")
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be written (tensors, bytes, shards, free space); write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, dst, dtype, pattern, as_json, quiet):
+def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
     """Write DST: SRC with its quantized weights decoded to plain floats.
 
     Decodes MXFP4 (K3's weight_packed + weight_scale, gpt-oss's fused blocks),
@@ -31,23 +35,52 @@ def command(src, dst, dtype, pattern, as_json, quiet):
     names (`...w1.weight`; gpt-oss unfused per expert, [out, in]); a decoded
     module's activation input_scale is dropped; every other tensor is copied
     byte for byte, and config.json's quantization_config (and ModelOpt's
-    hf_quant_config.json) is dropped or narrowed.
-    """
-    result = api.dequant(src, dst, dtype=dtype, tensors=pattern, progress=not quiet and sys.stderr.isatty())
-    if as_json:
-        from dataclasses import asdict
+    hf_quant_config.json) is dropped or narrowed.  Output shards are cut at
+    --max-shard-size (default 5GB, as save_pretrained does), not the source's
+    sharding; DST gets a manifest that `k3ckpt verify` checks.  A failed run
+    removes what it created.
 
-        echo_json(asdict(result))
-        return
-    click.echo(f"wrote {result.dst}: {len(result.decoded)} weight(s) decoded to {dtype}, "
-               f"{result.copied} tensor(s) copied, {len(result.shards)} shard(s), "
-               f"{human_bytes(result.bytes_written)}")
-    for weight, n in sorted(result.nan_blocks.items()):
-        click.echo(f"warning: {weight}: {n} block(s) have a NaN scale; they decode to NaN")
-    for weight, n in sorted(result.inexact.items()):
-        click.echo(f"warning: {weight}: {n} value(s) rounded by the {dtype} output")
-    if result.dropped:
-        click.echo(f"dropped {len(result.dropped)} activation scale(s) of decoded modules, "
-                   f"e.g. {result.dropped[0]}")
-    if result.skipped:
-        click.echo(f"left quantized: {len(result.skipped)} tensor(s), e.g. {result.skipped[0]}")
+    \b
+    Examples:
+      k3ckpt dequant K3 K3-bf16 --dry-run
+      k3ckpt dequant kimi-k2 kimi-k2-f32 --dtype f32 --tensors 'layers\\.1\\.' --max-shard-size 10GB
+    """
+    from ..units import parse_size
+
+    size = parse_size(max_shard, "--max-shard-size")
+    result = api.dequant(src, dst, dtype=dtype, tensors=pattern, max_shard_size=size, dry_run=dry_run,
+                         progress=not quiet and not dry_run and sys.stderr.isatty())
+    if as_json:
+        echo_json(result.to_dict())
+    elif dry_run:
+        room = ("enough free space" if result.fits else
+                f"NOT enough free space: {human_bytes(result.free_bytes)} free")
+        click.echo(f"would write {result.dst}: {result.tensors:,} tensor(s), {len(result.decoded):,} weight(s) "
+                   f"decoded to {dtype}, {result.copied:,} copied, {len(result.shards):,} shard(s) of at most "
+                   f"{human_bytes(result.max_shard_bytes)}, {human_bytes(result.bytes_written)} ({room})")
+    else:
+        click.echo(f"wrote {result.dst}: {len(result.decoded)} weight(s) decoded to {dtype}, "
+                   f"{result.copied} tensor(s) copied, {len(result.shards)} shard(s), "
+                   f"{human_bytes(result.bytes_written)}")
+    if not as_json:
+        if result.dropped:
+            click.echo(f"dropped {len(result.dropped)} activation scale(s) of decoded modules, "
+                       f"e.g. {result.dropped[0]}")
+        if result.skipped:
+            click.echo(f"left quantized: {len(result.skipped)} tensor(s), e.g. {result.skipped[0]}")
+    _warn(result, dtype)
+
+
+def _warn(result, dtype: str) -> None:
+    """One line per kind on stderr, however many weights (K3 has 247,296): the count, the worst."""
+    if result.nan_blocks:
+        worst = max(result.nan_blocks, key=lambda w: (result.nan_blocks[w], w))
+        total = sum(result.nan_blocks.values())
+        click.echo(f"k3ckpt: warning: {total:,} block(s) in {len(result.nan_blocks):,} weight(s) have a NaN scale "
+                   f"and decode to NaN (most: {worst}, {result.nan_blocks[worst]:,})", err=True)
+    if result.inexact:
+        worst = max(result.inexact, key=lambda w: (result.inexact[w], w))
+        total = sum(result.inexact.values())
+        click.echo(f"k3ckpt: warning: {total:,} value(s) in {len(result.inexact):,} weight(s) rounded by the "
+                   f"{dtype} output (most: {worst}, {result.inexact[worst]:,}); --dtype f32 keeps them exact",
+                   err=True)

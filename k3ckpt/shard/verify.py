@@ -1,5 +1,5 @@
-"""``k3ckpt verify``: re-read a ``k3ckpt shard`` output against its manifests (and the source);
-a ``k3ckpt requant`` output against its manifest.
+"""``k3ckpt verify``: re-read a ``k3ckpt shard``, ``requant`` or ``dequant`` output against its
+manifests (and the source).
 
 Without a source: every file the run manifest lists must exist with its size
 and sha256; nothing unlisted may sit beside them; every k3ckpt pack record
@@ -8,7 +8,11 @@ pack.  With the source: every tensor of every rank's safetensors equals the
 source tensor byte for byte, every k3ckpt pack record equals the source
 expert's tensors, and every moet row decodes to the values the runtime's map
 gives the source MXFP4 expert (NaN where the source scale is 0xFF).
-One tensor or one record in memory at a time.
+A requant or dequant output with the source: its tensors against the job's plan rebuilt from
+the source and the manifest's options (``verify_convert``): copies byte for byte, re-encoded or
+decoded weights by presence, dtype and shape.  The Moet runtime's own files beside a moet pack
+(``<stem>.lock``, ``<stem>.pack.heat.json``: docs/formats/moet-pack.md) are not ours and are
+allowed unlisted.  One tensor or one record in memory at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InvalidFileError, NotFoundError, UsageError
+from ..errors import InvalidFileError, NotFoundError
 from ..io.manifest import MANIFEST_NAME, RunManifest, sha256_file
 from ..io.reader import Checkpoint, open_checkpoint
 from .packs import ExpertPack, sha256_bytes
@@ -28,6 +32,7 @@ from .packs import ExpertPack, sha256_bytes
 __all__ = ["VerifyReport", "verify_output"]
 
 _CHUNK = 64 << 20
+_JOBS = ("shard", "requant", "dequant")
 _MAX_PROBLEMS = 1000
 
 
@@ -65,11 +70,8 @@ def verify_output(dst, *, source: Checkpoint | str | os.PathLike | None = None) 
         raise NotFoundError("no such output folder", file=str(root))
     manifest = RunManifest.load(root)
     job = manifest._data.get("job")
-    if job not in ("shard", "requant"):
-        raise InvalidFileError(f"the manifest is of job {job!r}, not 'shard' or 'requant'", file=str(root))
-    if job == "requant" and source is not None:
-        raise UsageError("--source compares a shard output with its source; a requant output changes its "
-                         "experts by design, so it is checked against its manifest only", file=str(root))
+    if job not in _JOBS:
+        raise InvalidFileError(f"the manifest is of job {job!r}, not one of {', '.join(_JOBS)}", file=str(root))
     c = _Checker(root)
     if manifest.state != "complete":
         c.bad(f"the run is not complete (state {manifest.state!r}): resume it with --resume")
@@ -86,7 +88,7 @@ def verify_output(dst, *, source: Checkpoint | str | os.PathLike | None = None) 
             c.bad(f"{name}: sha256 differs from the manifest")
         c.files += 1
         c.bytes += size
-    listed = set(manifest.records) | {MANIFEST_NAME}
+    listed = set(manifest.records) | {MANIFEST_NAME} | _runtime_files(root, manifest)
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if p.is_file() and rel not in listed:
@@ -99,11 +101,14 @@ def verify_output(dst, *, source: Checkpoint | str | os.PathLike | None = None) 
         else:
             ckpt, own = open_checkpoint(source), True
     try:
+        if job != "shard" and ckpt is not None:
+            _check_converted(c, root, manifest, job, ckpt)
         # rank folders by their safetensors index, packs by their manifests: a lost
         # rank.json must not hide the checks of what is still there
         for name in sorted(manifest.records):
             folder, _, base = name.rpartition("/")
-            if base == "model.safetensors.index.json" and ckpt is not None and (root / name).is_file():
+            if base == "model.safetensors.index.json" and ckpt is not None and job == "shard" \
+                    and (root / name).is_file():
                 _check_safetensors(c, root / folder, ckpt)
             elif base.endswith(".pack.json") and folder and (root / name).is_file():
                 _check_k3_pack(c, root / folder, base, ckpt)
@@ -115,6 +120,47 @@ def verify_output(dst, *, source: Checkpoint | str | os.PathLike | None = None) 
         if own:
             ckpt.close()
     return VerifyReport(str(root), c.files, c.bytes, c.records, c.tensors, ckpt is not None, tuple(c.problems))
+
+
+def _runtime_files(root: Path, manifest: RunManifest) -> set[str]:
+    """The Moet runtime's files beside each moet pack this output lists: its ``flock`` file
+    ``<stem>.lock`` and its hot set ``<stem>.pack.heat.json`` (``TieredPackStore``)."""
+    out = set()
+    for name in manifest.records:
+        if name.rpartition("/")[2] == "rank.json" and (root / name).is_file():
+            try:
+                info = json.loads((root / name).read_bytes())
+            except ValueError:
+                continue   # reported by the record's sha256 check
+            for entry in ((info.get("moet") or {}).get("packs") or []) if isinstance(info, dict) else []:
+                pack = str(entry.get("pack", ""))
+                if pack.endswith(".pack"):
+                    out |= {pack[: -len(".pack")] + ".lock", pack + ".heat.json"}
+    return out
+
+
+def _check_converted(c: _Checker, root: Path, manifest: RunManifest, job: str, ckpt: Checkpoint) -> None:
+    """A requant or dequant output against the plan its source implies (``verify_convert``)."""
+    from .verify_convert import plan_source_check
+
+    try:
+        out = open_checkpoint(root)
+    except InvalidFileError as exc:
+        c.bad(f"the output's safetensors do not open: {exc}")
+        return
+    with out:
+        plan = plan_source_check(out, ckpt, job, manifest.options, source_identity=manifest.source, root=root)
+        for p in plan.problems:
+            c.bad(p)
+        c.tensors += plan.transformed
+        for name in plan.compare:
+            c.tensors += 1
+            e = out.entry(name)
+            for pos in range(0, e.nbytes, _CHUNK):
+                end = min(e.nbytes, pos + _CHUNK)
+                if out.read_bytes(name, pos, end) != ckpt.read_bytes(name, pos, end):
+                    c.bad(f"{name}: bytes differ from the source")
+                    break
 
 
 def _check_safetensors(c: _Checker, folder: Path, ckpt: Checkpoint) -> None:

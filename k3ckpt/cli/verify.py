@@ -1,4 +1,4 @@
-"""``k3ckpt verify DST [--source SRC]``: re-read a shard or requant output against its manifests."""
+"""``k3ckpt verify DST [--source SRC]``: re-read a k3ckpt output against its manifests (and the source)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,34 @@ from .render import echo_json, human_bytes
 
 
 class VerifyFailed(click.ClickException):
-    """Exit status 1: the output differs from its manifests or the source."""
+    """Exit status 1: the output differs from its manifests or the source (bad input is 2)."""
 
     exit_code = 1
 
 
 @click.command("verify")
 @click.argument("dst")
-@click.option("--source", "src", default=None, metavar="SRC", help="Also compare every output with this checkpoint.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--source", "src", default=None, metavar="SRC",
+              help="Also check DST against the checkpoint it was made from (folder, file or hf:// URL).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (problems included).")
 def command(dst, src, as_json):
-    """Check every file in DST (a shard or requant output) against the run manifest (size,
-    sha256), every pack record against its pack manifest, and, for a shard output, with
-    --source every tensor and record against SRC.  Exit status 1 when something differs."""
+    """Check DST, a `k3ckpt shard`, `requant` or `dequant` output.
+
+    Every file in DST against the run manifest (size, sha256; nothing unlisted
+    beside them, except the Moet runtime's own <stem>.lock and
+    <stem>.pack.heat.json next to a moet pack), every pack record against its
+    pack manifest.  With --source SRC: a shard output's tensors and pack
+    records against SRC byte for byte (moet rows by their decoded values); a
+    requant or dequant output's tensors against the plan SRC implies with the
+    run's options: copied tensors byte for byte, re-encoded or decoded weights
+    by presence, dtype and shape.  The problems go to stderr; exit status 1
+    when something differs, 2 when DST is not a k3ckpt output.
+
+    \b
+    Examples:
+      k3ckpt verify out/shards --source K3
+      k3ckpt verify K3-bf16 --json
+    """
     from ..shard.verify import verify_output
 
     if src is not None:
@@ -40,8 +55,10 @@ def command(dst, src, as_json):
             what += f", {r.tensors_checked} tensor(s) against the source"
         click.echo(f"{'ok' if r.ok else 'FAILED'}: {r.dst}: {what}")
         for p in r.problems[:50]:
-            click.echo(f"  {p}")
+            click.echo(f"  {p}", err=True)
         if len(r.problems) > 50:
-            click.echo(f"  ... {len(r.problems) - 50} more")
+            click.echo(f"  ... {len(r.problems) - 50} more", err=True)
     if not r.ok:
-        raise VerifyFailed(f"{len(r.problems)} problem(s) in {r.dst}")
+        n = len(r.problems)
+        more = f" (and {n - 1:,} more{' listed above' if not as_json else ''})" if n > 1 else ""
+        raise VerifyFailed(f"{r.dst}: {n:,} problem{'s' if n > 1 else ''}: {r.problems[0]}{more}")

@@ -142,11 +142,18 @@ def _main(capsys, *args):
     (("inspect", "--bogus", "x"), "No such option '--bogus'.", "k3ckpt inspect"),
     (("fixture", "k3-tiny", "x", "--layers", "many"), "Invalid value for '--layers': 'many' is not a valid integer.",
      "k3ckpt fixture"),
+    (("requant", "--format"), "Option '--format' requires an argument.", "k3ckpt requant"),
+    (("--bogus",), "No such option '--bogus'.", "k3ckpt"),
 ])
 def test_click_usage_errors_are_one_line(capsys, args, message, cmd):
     rc, out, err = _main(capsys, *args)
     assert rc == 2 and out == ""
     assert err == f"k3ckpt: error: {message} (see {cmd} --help)\n"
+
+
+def test_bare_k3ckpt_prints_its_help(capsys):
+    rc, out, err = _main(capsys)
+    assert rc == 0 and err == "" and out.startswith("Usage: k3ckpt [OPTIONS] COMMAND") and "Exit status:" in out
 
 
 def test_every_command_gives_one_line_usage_errors(capsys):

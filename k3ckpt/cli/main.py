@@ -106,7 +106,12 @@ def _option_for(command: click.Command | None, hint: Hint) -> str | None:
 def usage_message(exc: click.UsageError) -> str:
     """Click's own usage errors (missing argument, unknown option or command, bad value) in
     the same one line, pointing at the help of the command that was given."""
-    path = exc.ctx.command_path if exc.ctx is not None else "k3ckpt"
+    # Past the command's name the error is the command's, though click may not say so (an
+    # option missing its value comes without a context).
+    if LazyGroup.running is not None:
+        path = f"k3ckpt {LazyGroup.running.name}"
+    else:
+        path = exc.ctx.command_path if exc.ctx is not None else "k3ckpt"
     text = " ".join(exc.format_message().split())
     return f"k3ckpt: error: {text} (see {path} --help)"
 
@@ -125,6 +130,10 @@ def _echo_error(line: str) -> None:
 
         traceback.print_exc()
     click.echo(line, err=True)
+
+
+# click >= 8.2 raises this for a bare `k3ckpt` (8.1 prints the help and exits 0 itself)
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class Terminated(KeyboardInterrupt):
@@ -164,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click.exceptions.Abort as exc:   # click turns KeyboardInterrupt into Abort
         return _stopped(exc.__cause__, "k3ckpt: aborted")
+    except _NO_ARGS_IS_HELP as exc:   # bare `k3ckpt`: a request for help
+        click.echo(exc.format_message())
+        return 0
     except click.UsageError as exc:
         _echo_error(usage_message(exc))
         return 2

@@ -297,3 +297,79 @@ def test_new_format_with_tensor_parts():
         assert "`mult` F32 [1] per weight" in format_table_markdown()
     finally:
         del base._REGISTRY["demo-tensor-parts-test-only"]
+
+
+# -- what users type: find_format / target_format (issue 17, item 3) ---------------------------
+
+@pytest.mark.parametrize("typed, fid", [
+    ("IQ2_XS", "gguf-iq2_xs"), ("iq2_xs", "gguf-iq2_xs"), ("iq2-xs", "gguf-iq2_xs"), ("GGUF-IQ2_XS", "gguf-iq2_xs"),
+    ("MOET-W2", "moet-w2"), ("moet_w2", "moet-w2"), ("mxfp4", "mxfp4-pack-quantized"), ("MXFP4_MOE", "gguf-mxfp4"),
+    ("BF16", "bf16"), (" nvfp4 ", "nvfp4"),
+])
+def test_find_format_takes_llama_cpp_spellings(typed, fid):
+    from k3ckpt.formats import find_format, target_format
+
+    assert find_format(typed).id == fid and target_format(typed).id == fid
+
+
+def test_unknown_format_is_one_usage_error_with_a_guess():
+    from k3ckpt.formats import find_format, target_format
+
+    for lookup_fn in (find_format, target_format):
+        with pytest.raises(UsageError, match=r"^unknown --format 'moet-w3' \(did you mean moet-w2\? known formats: "):
+            lookup_fn("moet-w3")
+    with pytest.raises(UsageError, match=r"did you mean gguf-iq2_xs\?"):
+        find_format("IQ2_S")
+    with pytest.raises(UsageError, match=r"^unknown --tensor-type 'zz' \(known formats: bf16, "):
+        find_format("zz", option="--tensor-type")
+
+
+def test_decode_only_formats_are_not_targets():
+    from k3ckpt.formats import find_format, is_target, target_format
+
+    decode_only = [i.id for i in list_formats() if not is_target(get_format(i.id))]
+    assert decode_only == ["fp8-block", "fp8-e4m3"]
+    for fid in decode_only:
+        assert find_format(fid.upper()).id == fid     # readable, so any lookup finds it
+        with pytest.raises(UsageError, match=rf"^--format {fid} is decode-only: k3ckpt reads it but cannot write it"):
+            target_format(fid)
+    # and the list offered to a writer leaves them out
+    with pytest.raises(UsageError) as err:
+        target_format("nope")
+    assert "fp8-block" not in str(err.value) and "moet-w2" in str(err.value)
+
+
+def test_canonical_format_spec_keeps_the_method():
+    from k3ckpt.formats import canonical_format_spec
+
+    assert canonical_format_spec("MOET-W2:keep-scales") == "moet-w2:keep-scales"
+    assert canonical_format_spec("IQ2_XS") == "gguf-iq2_xs"
+    assert canonical_format_spec("keep") == "keep"
+
+
+def test_cli_requant_and_plan_take_llama_cpp_names_and_refuse_alike(capsys, k3_tiny, tmp_path):
+    from k3ckpt.cli.main import main
+
+    rc = main(["requant", str(k3_tiny), str(tmp_path / "o"), "--format", "IQ2_XS", "--dry-run", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "gguf-iq2_xs" in out
+    for args in (["requant", str(k3_tiny), str(tmp_path / "x"), "--format", "iq2_s"],
+                 ["plan", str(k3_tiny), "--devices", "8xH100", "--format", "iq2_s"]):
+        rc = main(args)
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "unknown --format 'iq2_s' (did you mean gguf-iq2_xs?" in err
+    rc = main(["requant", str(k3_tiny), str(tmp_path / "y"), "--format", "fp8-block"])
+    assert rc == 2 and "--format fp8-block is decode-only" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_formats_command_marks_targets(capsys):
+    from k3ckpt.cli.main import main
+
+    assert main(["formats", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["fp8-block"]["requant_target"] is False and rows["moet-w2"]["requant_target"] is True
+    assert main(["formats"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fp8-e4m3 "))
+    assert "no (decode-only)" in line

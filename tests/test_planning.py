@@ -58,7 +58,7 @@ def test_geometry_of_tiny_k3(k3_tiny):
     assert with_vision.dense_bytes == g.dense_bytes + vision and with_vision.model_id == "tiny"
 
 
-def test_geometry_in_other_formats(k3_tiny, monkeypatch):
+def test_geometry_in_other_formats(k3_tiny):
     weights = 3 * 256 * 256
     with open_source(k3_tiny) as ck:
         w2 = gfc.moe_geometry_report(ck, format_id="moet-w2")
@@ -74,20 +74,8 @@ def test_geometry_in_other_formats(k3_tiny, monkeypatch):
         assert w2.geometry.dense_bytes == mx2.geometry.dense_bytes == bf16.dense_bytes
         assert any("moet-w2" in n and "registry" in n for n in w2.notes)
 
-        # a 2.25-bpw id missing from the registry falls back to the 9-bytes-per-32 rule
-        import k3ckpt.formats
-
-        real = k3ckpt.formats.get_format
-
-        def without_w2(fid):
-            if fid == "moet-w2":
-                raise NotFoundError("unknown format 'moet-w2'")
-            return real(fid)
-
-        monkeypatch.setattr(k3ckpt.formats, "get_format", without_w2)
-        fb = gfc.moe_geometry_report(ck, format_id="moet-w2")
-    assert fb.geometry.expert_bytes == weights // 32 * 9 and fb.bytes_from == "2.25-bpw rule"
-    assert any("2.25 bits per weight" in n for n in fb.notes)
+    # the registry is the one source of bytes: no 2.25-bpw rule beside it (MX2 differed from it)
+    assert not hasattr(gfc, "TWO_BIT_FORMATS") and mx2.bytes_from == "registry"
 
 
 def test_geometry_of_neighbours(kimi_k2_tiny, gpt_oss_tiny):

@@ -7,24 +7,34 @@ import click
 from .render import echo_json, table
 
 
-@click.command("formats")
-@click.option("--json", "as_json", is_flag=True, help="Print every format's full row as JSON.")
+@click.command("formats", epilog="""\b
+Examples:
+  k3ckpt formats
+  k3ckpt formats --json | jq -r '.[] | select(.requant_target) | .id'""")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print every format's full row as JSON (with from_mxfp4 and requant_target).")
 def command(as_json):
     """List every registered weight format: id, bits per weight, block layout,
-    whether k3ckpt can encode and decode it, and its spec page."""
-    from ..formats import list_formats
+    whether k3ckpt can encode and decode it, whether `requant --format` can
+    write it (target), and its spec page.
+
+    --format also takes any id in any case and llama.cpp's type names
+    (IQ2_XS = gguf-iq2_xs); decode-only formats are read, never written."""
+    from ..formats import get_format, is_target, list_formats
 
     infos = list_formats()
     if as_json:
-        echo_json([{**i.to_dict(), "from_mxfp4": _from_mxfp4(i.id)} for i in infos])
+        echo_json([{**i.to_dict(), "from_mxfp4": _from_mxfp4(i.id), "requant_target": is_target(get_format(i.id))}
+                   for i in infos])
         return
     rows = []
     for i in infos:
         bpw = f"{i.bits_per_weight:g}" + (f" +{i.tensor_bytes}B" if i.tensor_bytes else "")
         encode = "yes" if i.can_encode else ("from mxfp4" if _from_mxfp4(i.id) else "no")
-        rows.append((i.id, bpw, i.block, i.fields_text, encode, "yes" if i.can_decode else "no", i.spec))
-    click.echo(table(rows, ["id", "bits/weight", "block", "bytes/block", "encode", "decode", "spec"],
-                     align="lrrllll"))
+        target = "yes" if is_target(get_format(i.id)) else "no (decode-only)"
+        rows.append((i.id, bpw, i.block, i.fields_text, encode, "yes" if i.can_decode else "no", target, i.spec))
+    click.echo(table(rows, ["id", "bits/weight", "block", "bytes/block", "encode", "decode", "target", "spec"],
+                     align="lrrlllll"))
 
 
 def _from_mxfp4(fid: str) -> bool:

@@ -81,13 +81,14 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
       k3ckpt requant hf://moonshotai/Kimi-K3@main k3-w2 --target-bpw 2.5 --max-disk 1TB
     """
     from .. import api
+    from ..formats import canonical_format_spec
     from ..hub.options import hub_run_options
     from ..requant.pipeline import requant_checkpoint
     from ..units import parse_size
 
     stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source,
                             push_to=push_to, private=private, revision=push_revision, dry_run=dry_run)
-    options = dict(format=fmt, experts=experts, tensor_type=list(tensor_type),
+    options = dict(format=canonical_format_spec(fmt), experts=experts, tensor_type=list(tensor_type),
                    workers=workers, report_path=report_path, target_bpw=target_bpw, layout=layout,
                    max_shard_bytes=parse_size(max_shard_size, "--max-shard-size"),
                    progress=not quiet and not as_json and sys.stderr.isatty())

@@ -3,23 +3,31 @@
 ``get_format(id)`` returns a format object with ``decode`` / ``encode`` (numba
 kernels) and ``reference_decode`` / ``reference_encode`` (numpy), plus
 ``part_specs(shape)`` describing the tensors it stores.  ``list_formats()`` is
-the format table.  Importing this package registers every built-in format;
+the format table.  What users type (``--format IQ2_XS``) goes through
+``find_format`` (any format) or ``target_format`` (formats k3ckpt writes):
+case-insensitive, llama.cpp spellings, "did you mean", one ``UsageError``.  Importing this package registers every built-in format;
 numba is imported only when a kernel first runs.
 """
 
 from __future__ import annotations
 
-from .base import Format, FormatInfo, Part, PartSpec, format_table_markdown, get_format, list_formats
+from .base import (FORMAT_ALIASES, Format, FormatInfo, Part, PartSpec, canonical_format_spec, find_format,
+                   format_table_markdown, get_format, is_target, list_formats, target_format)
 from . import fp8_block, gguf_mxfp4, gptoss, int4_pack, iq2xs, moet_w2, mx2, mxfp4, nvfp4, plain  # noqa: E402,F401  (register the built-in formats)
 from .e2m1 import count_nan_scales
 
 __all__ = [
+    "FORMAT_ALIASES",
     "Format",
     "FormatInfo",
     "Part",
     "PartSpec",
+    "canonical_format_spec",
     "count_nan_scales",
+    "find_format",
     "format_table_markdown",
     "get_format",
+    "is_target",
     "list_formats",
+    "target_format",
 ]

@@ -476,6 +476,71 @@ def get_format(format_id: str) -> Format:
         raise NotFoundError(f"unknown format {format_id!r} (known formats: {known})") from None
 
 
+# Other spellings users bring: llama.cpp's type names (llama-quantize, convert_hf_to_gguf.py
+# --outtype) and the short name requant has always taken.  Matched case-insensitively, with
+# '-' and '_' alike; a name that is a registered id with its "gguf-" left off also matches.
+FORMAT_ALIASES: dict[str, str] = {
+    "mxfp4": "mxfp4-pack-quantized",   # k3ckpt requant's MXFP4 output (docs/requant.md)
+    "mxfp4-moe": "gguf-mxfp4",         # llama-quantize MXFP4_MOE
+    "fp4": "nvfp4",
+}
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def is_target(fmt: Format) -> bool:
+    """Whether k3ckpt can write ``fmt`` (an encoder, or a transcode from MXFP4 codes)."""
+    return fmt.info.can_encode or hasattr(fmt, "from_mxfp4")
+
+
+def find_format(name: str, *, option: str = "--format", targets: bool = False) -> Format:
+    """The format a user means by ``name``: a registered id in any case (``MOET-W2``),
+    a llama.cpp type name (``IQ2_XS``, ``iq2_xs`` -> ``gguf-iq2_xs``) or an alias
+    (``FORMAT_ALIASES``).  ``targets``: only formats k3ckpt can write.
+
+    Raises:
+        UsageError: one line naming ``option``, with "did you mean" and the ids
+            there are; for a decode-only format asked as a target, says so.
+    """
+    import difflib
+
+    _load_builtin()
+    by_key = {_key(fid): fid for fid in _REGISTRY}
+    by_key.update((k, v) for k, v in ((_key(k), v) for k, v in FORMAT_ALIASES.items()) if k not in by_key)
+    by_key.update((k[len("gguf-"):], fid) for k, fid in list(by_key.items())
+                  if k.startswith("gguf-") and k[len("gguf-"):] not in by_key)
+    fid = by_key.get(_key(name)) if isinstance(name, str) and name.strip() else None
+    offered = sorted(f for f in _REGISTRY if not targets or is_target(_REGISTRY[f]))
+    if fid is None:
+        close = difflib.get_close_matches(_key(name) if isinstance(name, str) else "", list(by_key), n=3,
+                                          cutoff=0.6)
+        guesses = list(dict.fromkeys(by_key[k] for k in close if by_key[k] in offered))
+        hint = f"did you mean {' or '.join(guesses)}? " if guesses else ""
+        raise UsageError(f"unknown {option} {name!r} ({hint}known formats: {', '.join(offered)})")
+    fmt = _REGISTRY[fid]
+    if targets and not is_target(fmt):
+        raise UsageError(f"{option} {fid} is decode-only: k3ckpt reads it but cannot write it "
+                         f"(formats it writes: {', '.join(offered)})")
+    return fmt
+
+
+def target_format(name: str, *, option: str = "--format") -> Format:
+    """``find_format`` for an output format: refuses decode-only ones (``fp8-block``)."""
+    return find_format(name, option=option, targets=True)
+
+
+def canonical_format_spec(spec: str, *, option: str = "--format") -> str:
+    """A ``--format`` value with its format part spelled as the registry's id
+    (``IQ2_XS`` -> ``gguf-iq2_xs``, ``MoeT-W2:keep-scales`` -> ``moet-w2:keep-scales``);
+    ``keep`` passes.  Raises ``UsageError`` as ``target_format`` does."""
+    if not isinstance(spec, str) or spec.strip() == "keep":
+        return spec
+    fid, sep, method = spec.strip().partition(":")
+    return target_format(fid, option=option).id + sep + method
+
+
 def list_formats() -> tuple[FormatInfo, ...]:
     """The format table: every registered format's row, sorted by id."""
     _load_builtin()

@@ -10,8 +10,6 @@ Bytes of one expert, in the planned format:
   one expert's stored tensors, from the headers (K3: 17,547,264 B);
 * any other registered format: each expert weight's logical shape ``[rows, K]``
   through ``get_format(id).part_specs(shape)`` (per-tensor side parts included);
-* a 2.25-bpw format id not (yet) in the registry (``moet-w2``, ``k3ckpt-mx2``):
-  9 bytes per 32 weights (one scale byte + 32 two-bit codes), stated in the notes;
 * ``stored``: every expert as the checkpoint stores it, expert by expert (a
   ``--target-bpw`` requant output mixes MXFP4 and 2.25-bpw experts); where the sizes
   differ the geometry carries ``per_expert_bytes``.  A requant report
@@ -34,17 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidFileError, NotFoundError, UnsupportedError, UsageError
+from ..errors import InvalidFileError, UnsupportedError, UsageError
 from .plan import FORMAT_ID, MoEGeometry
 
-__all__ = ["GeometryReport", "STORED", "TWO_BIT_FORMATS", "check_format_id", "expert_bytes_table",
+__all__ = ["GeometryReport", "STORED", "check_format_id", "expert_bytes_table",
            "expert_format_bytes", "moe_geometry", "moe_geometry_report"]
 
 STORED = "stored"   # format id: each expert's bytes as the checkpoint (or a requant report) has them
-
-# 2.25-bpw expert formats: 1 scale/selector byte + 32 two-bit codes (8 B) per 32 weights.
-TWO_BIT_FORMATS = ("moet-w2", "k3ckpt-mx2")
-_TWO_BIT_BLOCK, _TWO_BIT_BYTES = 32, 1 + 8
 
 
 @dataclass(frozen=True)
@@ -57,7 +51,7 @@ class GeometryReport:
         source_storage: storage id(s) of the experts on disk, ``+``-joined.
         expert_weights: ``(name, logical shape)`` of one expert's weights (suffix
             after ``experts.E.``), sorted by name.
-        bytes_from: ``headers``, ``registry`` or ``2.25-bpw rule``.
+        bytes_from: ``headers`` or ``registry``.
         vision_bytes: bytes of vision tensors (left out of ``dense_bytes`` unless
             ``include_vision``).
         notes: sentences for the plan's notes.
@@ -83,40 +77,27 @@ def _logical_shape(part: str, dtype: str, shape: tuple[int, ...], params: int) -
 
 
 def expert_format_bytes(weights, format_id: str) -> tuple[int, str]:
-    """Bytes of one expert stored as ``format_id``, and how they were found.
+    """Bytes of one expert stored as ``format_id`` (from the format registry), and how
+    they were found (``"registry"``).
 
     Args:
         weights: ``(name, logical shape)`` of the expert's weights.
     """
-    from ..formats import get_format
+    from ..formats import target_format
 
-    try:
-        fmt = get_format(format_id)
-    except NotFoundError as exc:
-        if format_id not in TWO_BIT_FORMATS:
-            raise UsageError(str(exc).replace("unknown format", "unknown --format", 1)) from None
-        total = 0
-        for name, shape in weights:
-            if shape[-1] % _TWO_BIT_BLOCK:
-                raise UnsupportedError(f"{format_id} stores blocks of 32 along K; {name} has K = {shape[-1]}")
-            total += math.prod(shape[:-1]) * (shape[-1] // _TWO_BIT_BLOCK) * _TWO_BIT_BYTES
-        return total, "2.25-bpw rule"
+    fmt = target_format(format_id, option="--format")
     total = 0
     for name, shape in weights:
         total += sum(spec.nbytes for spec in fmt.part_specs(shape, name=name).values())
     return total, "registry"
 
 
-def check_format_id(format_id: str) -> None:
-    """Refuse an unknown format id before any work (2.25-bpw ids always pass)."""
-    from ..formats import get_format
+def check_format_id(format_id: str) -> str:
+    """The registry's id for ``format_id`` (any case, llama.cpp spellings: ``IQ2_XS``), or
+    ``stored``; refuses an unknown id before any work (``UsageError`` with "did you mean")."""
+    from ..formats import find_format
 
-    if format_id in TWO_BIT_FORMATS or format_id == STORED:
-        return
-    try:
-        get_format(format_id)
-    except NotFoundError as exc:
-        raise UsageError(str(exc).replace("unknown format", "unknown --format", 1)) from None
+    return format_id if format_id == STORED else find_format(format_id, option="--format").id
 
 
 def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: bool = False,
@@ -145,7 +126,7 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
                              f"format {format_id!r}")
         format_id = STORED
     if format_id is not None:
-        check_format_id(format_id)
+        format_id = check_format_id(format_id)
     tensors = ckpt.tensors
     profile = detect(ckpt.config, tensors.keys())
     g = profile.geometry
@@ -209,7 +190,14 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
         # differing experts are a mixed-format requant output only where the config says so
         from ..requant.qconfig import declared_groups
 
-        format_id = STORED if len(signatures) > 1 and declared_groups(ckpt.config) else FORMAT_ID
+        # a k3ckpt-written checkpoint is planned as stored (one format: that format)
+        declared = bool(declared_groups(ckpt.config))
+        if len(signatures) > 1 and declared:
+            format_id = STORED
+        elif declared and len(storages) == 1:
+            format_id = next(iter(storages))
+        else:
+            format_id = FORMAT_ID
     if len(signatures) > 1:
         (a, b) = list(signatures.values())[:2]
         differ = f"experts differ in their tensors (layer {a[0]} expert {a[1]} vs layer {b[0]} expert {b[1]})"
@@ -250,12 +238,8 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
     else:
         per, how = expert_format_bytes(weights, format_id)
         per += bias_bytes.get(key0, 0) // e_div
-        if how == "2.25-bpw rule":
-            notes.append(f"{format_id} is not in the format registry here: expert bytes computed at 2.25 bits per "
-                         f"weight (9 B per 32 weights), {per:,} B per expert")
-        else:
-            notes.append(f"expert bytes in {format_id} from the format registry: {per:,} B per expert "
-                         f"(stored as {source_storage}: {expert_bytes[key0] // e_div:,} B)")
+        notes.append(f"expert bytes in {format_id} from the format registry: {per:,} B per expert "
+                     f"(stored as {source_storage}: {expert_bytes[key0] // e_div:,} B)")
     dense = total - all_experts - (0 if include_vision else vision)
     hidden = g.expert_hidden or g.hidden_size
     if model_id is None:

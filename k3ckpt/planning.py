@@ -32,7 +32,7 @@ from .errors import NotFoundError, UsageError
 from .shard.devices import GB, TB, DeviceSet, preset_devices
 from .shard.plan import FORMAT_ID, MoEGeometry, Plan, placement_slot_limit
 
-__all__ = ["plan", "resolve_geometry", "check_capacity", "SYNTHETIC_SEED", "SYNTHETIC_TOKENS",
+__all__ = ["plan", "resolve_geometry", "check_capacity", "balance_warning", "SYNTHETIC_SEED", "SYNTHETIC_TOKENS",
            "SYNTHETIC_TRACE_TOKENS"]
 
 SYNTHETIC_SEED = 1
@@ -58,12 +58,28 @@ def resolve_geometry(source, *, format_id: str | None = None, include_vision: bo
     kw = dict(format_id=format_id, include_vision=include_vision, model_id=model_id, requant_report=requant_report)
     if hasattr(source, "tensors") and hasattr(source, "config"):
         rep = moe_geometry_report(source, **kw)
+        geo = _named(rep.geometry, source)
     else:
         from .api import open_source
 
         with open_source(source) as ckpt:
             rep = moe_geometry_report(ckpt, **kw)
-    return rep.geometry, rep.format_id, rep.notes
+            geo = _named(rep.geometry, ckpt)
+    return geo, rep.format_id, rep.notes
+
+
+def _named(geo: MoEGeometry, ckpt) -> MoEGeometry:
+    """A local folder whose config names no model: the family its profile detects
+    (``Kimi K3 (LatentMoE, MXFP4 experts)``), as ``inspect`` shows it, so the plan is
+    not "(unnamed)"; the generic profile names nothing."""
+    if geo.model_id:
+        return geo
+    from .profiles import detect
+
+    profile = detect(ckpt.config, ckpt.tensors.keys())
+    if profile.id == "generic":
+        return geo
+    return dataclasses.replace(geo, model_id=profile.display_name)
 
 
 def _size(n: float) -> str:
@@ -273,4 +289,20 @@ def plan(
     result = make_plan(plan_geo, plan_devices, loads_arr, trace=trace_arr, heldout_trace=held_arr,
                        slots_per_gpu=slots_per_gpu, redundant=redundant, mode=mode, format_id=format_id,
                        **planner_options)
-    return dataclasses.replace(result, notes=tuple(result.notes) + tuple(notes))
+    warn = balance_warning(result)
+    return dataclasses.replace(result, notes=tuple(result.notes) + tuple(notes) + ((warn,) if warn else ()))
+
+
+def balance_warning(p: Plan) -> str | None:
+    """A placement with fewer slots per layer than GPUs leaves GPUs without an expert
+    of a layer: the mean GPU load counts them, so balancedness (mean / max) is at most
+    slots / GPUs however the experts are placed, and reads as a bad plan when it is
+    only a small model on many GPUs."""
+    if p.mode != "placement":
+        return None
+    S, G, E = p.placement_report.total_slots, p.devices.num_gpus, p.model.experts
+    if S >= G:
+        return None
+    return (f"warning: {E} experts per layer in {S} slots on {G} GPUs: {G - S} GPUs hold no expert of a layer, so "
+            f"balancedness cannot exceed {S}/{G} = {S / G:.2f} and says nothing about the placement; plan on "
+            f"{S} GPUs or fewer, or give --slots-per-gpu / --redundant to replicate experts over all {G}")

@@ -58,3 +58,16 @@ def human_count(n: int | float | None) -> str:
             return f"{n:.0f}" if unit == "" else f"{n:.2f}{unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float | None) -> str:
+    """``18267`` -> ``"5.1 h"``; ``95`` -> ``"1.6 min"``; ``4.2`` -> ``"4.2 s"``; days past 48 h."""
+    if seconds is None:
+        return "-"
+    x = float(seconds)
+    if not math.isfinite(x) or x < 0:
+        return "-"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if x >= (2 * size if unit == "d" else size):
+            return f"{x / size:.1f} {unit}"
+    return f"{x:.1f} s" if x >= 0.1 else f"{x * 1000:.0f} ms"

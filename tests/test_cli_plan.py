@@ -344,3 +344,43 @@ def test_plan_bad_loads(k3_tiny, tmp_path, capsys):
     dev.write_text(json.dumps({**MINI, "nvme": []}))
     rc, _, err = run_cli([k3_tiny, "--device-file", dev], capsys)
     assert rc == 2 and "cannot hold one copy" in err and "in any tier" in err
+
+
+# ------------------------------------------------------------- plan's wording
+def test_layer_ranges_read_as_words():
+    from k3ckpt.cli.plan import _layer_ranges, _layers
+
+    assert _layers([3]) == "layer 3" and _layers([1, 2, 3]) == "layers 1-3" and _layers([1, 3, 5]) == "layers 1, 3, 5"
+    assert _layer_ranges((1, 2, 3), [0, 2, 3]) == "rank 0: layers 1-2; rank 1: layer 3"
+    assert _layer_ranges((1, 2, 3), [0, 3, 3]) == "rank 0: layers 1-3; rank 1: none"
+
+
+def test_human_durations():
+    from k3ckpt.units import human_duration
+
+    assert [human_duration(x) for x in (18267, 95, 4.2, 0.01, 200_000, None)] == [
+        "5.1 h", "1.6 min", "4.2 s", "10 ms", "2.3 d", "-"]
+
+
+def test_plan_warns_when_balance_means_nothing(k3_tiny, tmp_path, capsys):
+    """8 experts a layer on 64 GB200s: 9 slots, 55 GPUs idle per layer; balancedness 0.07
+    came without a word."""
+    out = tmp_path / "p.json"
+    rc, text, err = run_cli([k3_tiny, "--devices", "64xGB200", "-o", out], capsys)
+    assert rc == 0, err
+    p = Plan.from_json(out.read_text())
+    assert p.placement_report.total_slots == 9 and p.placement_report.balancedness <= 9 / 64
+    assert ("warning          8 experts per layer in 9 slots on 64 GPUs: 55 GPUs hold no expert of a layer, so "
+            "balancedness cannot exceed 9/64 = 0.14") in text
+    assert any(n.startswith("warning: 8 experts") for n in p.notes)
+    rc, text, err = run_cli([k3_tiny, "--devices", "8xH100"], capsys)
+    assert rc == 0 and "warning" not in text
+
+
+def test_plan_names_the_model_from_its_profile(k3_tiny, capsys):
+    """A local folder whose config names no model: the family inspect shows, not "(unnamed)"."""
+    rc, text, err = run_cli([k3_tiny, "--devices", "8xH100"], capsys)
+    assert rc == 0, err
+    assert text.startswith("model            Kimi K3 (LatentMoE, MXFP4 experts): 3 MoE layers x 8 experts, top-2")
+    rc, text, err = run_cli([k3_tiny, "--devices", "8xH100", "--model-id", "me/k3-tiny"], capsys)
+    assert text.startswith("model            me/k3-tiny: ")

@@ -31,11 +31,23 @@ def _tps(x) -> str:
     return "unbounded" if x is None else f"{x:,.2f}"
 
 
+def _layers(ids) -> str:
+    """Model layer numbers as words: "layer 3", "layers 1-46", "layers 1, 3, 5"."""
+    ids = [int(i) for i in ids]
+    if not ids:
+        return "no layers"
+    if len(ids) == 1:
+        return f"layer {ids[0]}"
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"layers {ids[0]}-{ids[-1]}"
+    return "layers " + ", ".join(map(str, ids))
+
+
 def _layer_ranges(ids, bounds) -> str:
     parts = []
     for r in range(len(bounds) - 1):
         a, b = int(bounds[r]), int(bounds[r + 1])
-        parts.append(f"rank {r}: {ids[a]}-{ids[b - 1]}" if b > a else f"rank {r}: none")
+        parts.append(f"rank {r}: {_layers(ids[a:b])}" if b > a else f"rank {r}: none")
     return "; ".join(parts)
 
 
@@ -148,7 +160,8 @@ def render_plan(p) -> str:
             _row("NVMe", f"{_gb(best.nvme_bytes_per_token)} per token; node read {_gb(d.nvme_read_bw)}/s"),
             _row("tokens/s", _headline(best, r.dense_stream_s)),
         ]
-    lines += [_row("note", n) for n in p.notes]
+    lines += [_row("warning", n[len("warning: "):]) if n.startswith("warning: ") else _row("note", n)
+              for n in p.notes]
     return "\n".join(lines)
 
 
@@ -239,7 +252,8 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
 @click.option("--mode", type=click.Choice(["auto", "placement", "cache"]), default="auto", show_default=True)
 @click.option("--dense", type=click.Choice(["hbm", "host"]), default="hbm", show_default=True,
               help="Where the non-expert weights live.")
-@click.option("--model-id", help="Model name recorded in the plan (default: hub id or config name).")
+@click.option("--model-id", help="Model name recorded in the plan (default: the hub id, the config's name, else the "
+              "model family the profile detects, as inspect shows it).")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the synthetic loads and trace.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (plan.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the plan without its arrays).")

@@ -18,21 +18,27 @@ from .io import dtypes
 from .io.header import paused_gc
 from .io.reader import Checkpoint
 from .profiles import detect
+from .profiles.declared import coded_params, header_disagrees
 from .profiles.roles import Role, TensorRole
 
 JSON_SCHEMA_VERSION = 1
 
 # Parts that store no parameters of their own: they qualify the codes of another part.
-_OVERHEAD_PARTS = frozenset({"scale", "scale_inv", "scales", "shape", "global_scale", "scale_2", "zero_point"})
-# Elements per stored element for parts that pack several weights into one.
+_OVERHEAD_PARTS = frozenset({"scale", "scale_inv", "scales", "shape", "global_scale", "scale_2", "zero_point",
+                             "levels", "exp_base"})
+# Elements per stored element for parts that pack several weights into one (storage not registered).
 _PACKING = {("packed", "U8"): 2, ("packed", "I32"): 8, ("blocks", "U8"): 2}
 
 
 def params_of(tr: TensorRole, dtype: str, numel: int) -> int:
-    """Logical weights a tensor stores: 2 per byte of MXFP4/NVFP4 codes, 8 per
-    INT4 word, none for scales; ``numel`` otherwise (F4 headers count elements)."""
+    """Logical weights a tensor stores: for the codes of a registered format, as
+    its table says (2 per byte of MXFP4/NVFP4 codes, 4 for moet-w2, 8 per INT4
+    word), none for scales; ``numel`` otherwise (F4 headers count elements)."""
     if tr.part in _OVERHEAD_PARTS:
         return 0
+    coded = coded_params(tr.storage, tr.part, numel)
+    if coded is not None:
+        return coded
     if tr.storage in ("nvfp4", "nvfp4-modelopt") and tr.part == "weight" and dtype == "U8":  # ModelOpt codes under a plain name
         return numel * 2
     return numel * _PACKING.get((tr.part, dtype), 1)
@@ -159,22 +165,37 @@ def _group_tensors(profile, headers) -> tuple[dict[tuple, list], set[tuple[int, 
     kind_dtype = np.array([dtype_ids.setdefault(d, len(dtype_ids)) for d, _ in kinds], dtype=np.int64)
     entries, which, layer, expert = profile.locate_many(names, kind_dtype[kind], list(dtype_ids))
     nbytes = [dtypes.lookup(d).nbytes(shape) for d, shape in kinds]
+    # a k3ckpt config may store tensors of one template and shape in two formats (moet-w2 and
+    # MXFP4 scales of a --target-bpw output): the declared format is part of the group
+    declared = _declared_column(profile, names)
     span = int(layer.max()) + 2
-    if layer.dtype != object and span * len(kinds) * len(entries) < 1 << 62:
-        _, first, count = np.unique((which * len(kinds) + kind) * span + (layer + 1), return_index=True,
-                                    return_counts=True)
+    n_declared = int(declared.max()) + 1
+    if layer.dtype != object and span * len(kinds) * len(entries) * n_declared < 1 << 62:
+        _, first, count = np.unique(((which * len(kinds) + kind) * n_declared + declared) * span + (layer + 1),
+                                    return_index=True, return_counts=True)
     else:   # huge layer numbers (hostile names): group without packing the columns into one integer
-        first, ids = first_ids(zip(which.tolist(), kind.tolist(), layer.tolist()))
+        first, ids = first_ids(zip(which.tolist(), kind.tolist(), layer.tolist(), declared.tolist()))
         count = np.bincount(ids)
     groups: dict[tuple, list] = {}
     for i, c in zip(first.tolist(), count.tolist()):
         k = int(kind[i])
-        groups[(entries[which[i]], int(layer[i]) if layer[i] >= 0 else None, *kinds[k])] = [c, names[i], nbytes[k]]
+        groups[(entries[which[i]], int(layer[i]) if layer[i] >= 0 else None, *kinds[k], int(declared[i]))] = [
+            c, names[i], nbytes[k]]
     pair = (layer >= 0) & (expert >= 0)
     experts = set(zip(layer[pair].tolist(), expert[pair].tolist()))
     other = [i for i, e in enumerate(entries) if e.role is Role.OTHER]
     unrecognised = [names[i] for i in np.flatnonzero(np.isin(which, other)).tolist()] if other else []
     return groups, experts, unrecognised
+
+
+def _declared_column(profile, names: list[str]) -> np.ndarray:
+    """Per name, 1 + the index of its declared format (0: none), int64."""
+    if not profile.declared:
+        return np.zeros(len(names), dtype=np.int64)
+    ids: dict[str, int] = {}
+    get = profile.declared.get
+    return np.array([0 if (hit := get(n)) is None else 1 + ids.setdefault(hit[0], len(ids)) for n in names],
+                    dtype=np.int64)
 
 
 def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> InspectReport:
@@ -194,8 +215,11 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
     with paused_gc():   # half a million short-lived names: collector passes over the headers cost seconds
         groups, experts, unrecognised = _group_tensors(profile, ckpt.headers.values())
 
-    for (_, layer, dtype, shape), (count, example, each) in groups.items():
+    misdeclared = 0
+    for (_, layer, dtype, shape, declared), (count, example, each) in groups.items():
         tr = profile.classify(example, dtype)
+        if declared and header_disagrees(tr.storage, tr.part, dtype):
+            misdeclared += count
         numel = 1
         for d in shape:
             numel *= d
@@ -224,6 +248,9 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
         per_layer_experts[layer].add(e)
 
     warnings: list[str] = []
+    if misdeclared:
+        warnings.append(f"config.json's quantization_config declares {misdeclared} tensor(s) in a format whose "
+                        "dtype the header does not have")
     params_active = None
     if geo is not None and geo.experts and geo.top_k:
         # A token runs top_k of each MoE layer's experts and every other text weight.

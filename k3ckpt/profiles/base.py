@@ -57,7 +57,10 @@ _ATTN_ROLE = {"mla": Role.ATTN_MLA, "kda": Role.ATTN_KDA}
 GENERIC_RULES: tuple[Rule, ...] = (
     rule(r"^(?:model\.)?(?:vision_tower|vision_model|visual|vision_encoder|mm_projector|multi_modal_projector)\.",
          Role.VISION),
-    rule(r"\.experts\.#\.(?P<proj>w[123]|gate_proj|up_proj|down_proj|gate_up_proj)\.", Role.ROUTED_EXPERT),
+    # per-expert weights; also as k3ckpt requant writes formats whose parts add no ".weight"
+    # (plain dtypes and gguf-mxfp4: "experts.0.w1"; gpt-oss-mxfp4: "experts.0.w1_blocks")
+    rule(r"\.experts\.#\.(?P<proj>w[123]|gate_proj|up_proj|down_proj|gate_up_proj)(?:\.|_blocks$|_scales$|$)",
+         Role.ROUTED_EXPERT),
     # fused all-expert tensors: gpt-oss *_blocks/_scales/_bias, transformers' stacked experts
     rule(r"\.experts\.(?P<proj>gate_up_proj|gate_proj|up_proj|down_proj)(?:_blocks|_scales|_bias|\.weight|\.bias)?$",
          Role.ROUTED_EXPERT),
@@ -125,6 +128,9 @@ class Profile:
 
     geometry: ModelGeometry | None = None
     quant: str | None = None
+    # tensor name -> (format id, part role) that a k3ckpt config declares (profiles.declared);
+    # it decides before suffix and dtype, which cannot tell moet-w2 from MXFP4
+    declared: Mapping[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False, hash=False)
     _cache: dict[tuple[tuple[str, ...], str], _Entry] = field(default_factory=dict, init=False, repr=False,
                                                   compare=False, hash=False)
 
@@ -152,14 +158,17 @@ class Profile:
             return None
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None, *, quant: str | None = None) -> Profile:
+    def from_config(cls, config: Mapping[str, Any] | None, *, quant: str | None = None,
+                    declared: Mapping[str, tuple[str, str]] | None = None) -> Profile:
         """The profile for ``config``; ``quant`` is a storage hint found elsewhere
-        (tensor names), used when the config declares none."""
+        (tensor names), used when the config declares none; ``declared`` see ``Profile.declared``."""
         from .geometry import quant_hint
 
+        declared = declared or {}
         if not config:
-            return cls(geometry=None, quant=quant or cls.default_quant)
-        return cls(geometry=cls.geometry_from(config), quant=quant_hint(config) or quant or cls.default_quant)
+            return cls(geometry=None, quant=quant or cls.default_quant, declared=declared)
+        return cls(geometry=cls.geometry_from(config), quant=quant_hint(config) or quant or cls.default_quant,
+                   declared=declared)
 
     # -- classification --------------------------------------------------------
 
@@ -225,8 +234,12 @@ class Profile:
         if role is None:
             kind = self.geometry.attention.get(layer) if (self.geometry and layer is not None) else None
             role = _ATTN_ROLE.get(kind, Role.ATTN_OTHER) if kind else entry.fallback
+        part, storage = entry.part, entry.storage
+        hit = self.declared.get(name) if self.declared else None
+        if hit is not None:
+            storage, part = hit
         return _make_role(role, layer, expert, entry.projection,
-                          name[: len(name) - entry.cut] if entry.cut else name, entry.part, entry.storage)
+                          name[: len(name) - entry.cut] if entry.cut else name, part, storage)
 
     def classify_all(self, tensors: Mapping[str, Any]) -> dict[str, TensorRole]:
         """``classify`` over a mapping of name -> dtype string or header entry (with ``.dtype``)."""
@@ -330,11 +343,13 @@ class GenericProfile(Profile):
     display_name: ClassVar[str] = "Generic (name patterns)"
 
 
-def get_profile(profile_id: str, config: Mapping[str, Any] | None = None, *, quant: str | None = None) -> Profile:
-    """A registered profile by id, built from ``config`` when given (``quant``: see ``Profile.from_config``)."""
+def get_profile(profile_id: str, config: Mapping[str, Any] | None = None, *, quant: str | None = None,
+                declared: Mapping[str, tuple[str, str]] | None = None) -> Profile:
+    """A registered profile by id, built from ``config`` when given (``quant``, ``declared``: see
+    ``Profile.from_config``)."""
     try:
         cls = Profile.registry[profile_id]
     except KeyError:
         known = ", ".join(sorted(Profile.registry))
         raise NotFoundError(f"no model profile {profile_id!r} (known: {known})") from None
-    return cls.from_config(config, quant=quant)
+    return cls.from_config(config, quant=quant, declared=declared)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .base import Profile, get_profile
+from .declared import declared_parts
 from .geometry import names_quant_hint, quant_hint, text_config
 
 _DEEPSEEK_TYPES = frozenset({"deepseek_v3", "deepseek_v32", "kimi_k2"})
@@ -68,8 +69,10 @@ def detect(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> Profi
     """The profile for a checkpoint, with geometry from ``config`` when given.
 
     When the config declares no quantization, part suffixes that only one
-    layout uses (ModelOpt's ``weight_scale_2``) give the storage hint."""
+    layout uses (ModelOpt's ``weight_scale_2``) give the storage hint.  A
+    k3ckpt-written config declares the format of each weight it wrote
+    (``profiles.declared``)."""
     if not hasattr(names, "__len__"):  # a one-shot iterator: both passes need the names
         names = list(names)
     hint = None if quant_hint(config) else names_quant_hint(names)
-    return get_profile(detect_id(config, names), config, quant=hint)
+    return get_profile(detect_id(config, names), config, quant=hint, declared=declared_parts(config, names))

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from ..io import dtypes
 from .base import Profile, _dtype_of
+from .declared import coded_params
 from .roles import Role, TensorRole
 
 ExpertKey = tuple[int, "int | None"]
@@ -58,11 +59,15 @@ def _nbytes_of(entry: Any, dtype: str, shape: tuple[int, ...]) -> int:
 
 def logical_params(role: TensorRole, dtype: str, shape: tuple[int, ...]) -> int:
     """Model parameters a tensor stores: the elements of the logical weight
-    its codes encode (two per U8 byte for FP4, eight per I32 word for INT4),
+    its codes encode (from the format table: two per U8 byte for FP4, four for
+    moet-w2, eight per I32 word for INT4),
     its numel for plain weights and biases, and 0 for scales and shapes."""
     numel = 1
     for d in shape:
         numel *= d
+    coded = coded_params(role.storage, role.part, numel)
+    if coded is not None:
+        return coded
     if role.part in ("packed", "blocks"):
         if dtype == "I32":
             return numel * 8

@@ -197,6 +197,9 @@ def quant_hint(config: Mapping[str, Any] | None) -> str | None:
     if not isinstance(qc, Mapping):
         return None
     method = qc.get("quant_method")
+    if method == "k3ckpt":   # a requant output: weights it did not write keep the source's storage
+        src = qc.get("source_quantization_config")
+        return quant_hint({"quantization_config": src}) if isinstance(src, Mapping) else None
     if method == "compressed-tensors":
         fmt = qc.get("format")
         groups = qc.get("config_groups")

@@ -78,6 +78,9 @@ _COMPONENT_PARTS: dict[str, tuple[str, int]] = {
     "input_scale": ("input_scale", 0),
     "input_global_scale": ("input_scale", 0),
     "weight_zero_point": ("zero_point", len("_zero_point")),
+    # k3ckpt-mx2's per-weight level set and exponent base (docs/formats/mx2.md)
+    "weight_levels": ("levels", len("_levels")),
+    "weight_exp_base": ("exp_base", len("_exp_base")),
 }
 # gpt-oss style fused tensors end in _blocks/_scales/_bias instead of a dotted suffix.
 _UNDERSCORE_PARTS: tuple[tuple[str, str], ...] = (("_blocks", "blocks"), ("_scales", "scales"))

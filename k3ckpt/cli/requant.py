@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import click
 
+from ..units import human_duration
 from .render import echo_json, human_bytes, human_count, table
 from .source import hub_option, source_argument
 
@@ -164,7 +165,7 @@ def _print_plan(result) -> None:
     click.echo(f"plan: {len(plan.weights)} weight(s) requantized, {len(plan.copies)} tensor(s) copied, "
                f"{len(plan.kept)} expert weight(s) left as stored; output {human_bytes(plan.total_bytes)} "
                f"({result.bits_per_weight:.4f} bits per requantized weight); "
-               f"estimated {result.estimated_seconds:.0f} s; nothing written (--dry-run)")
+               f"estimated {human_duration(result.estimated_seconds)}; nothing written (--dry-run)")
 
 
 def _print_summary(result) -> None:

@@ -84,6 +84,20 @@ def test_shard_errors_are_one_line(k3_tiny, plans, tmp_path, capsys):
     assert "no such output folder" in capsys.readouterr().err
 
 
+def test_moet_layout_on_a_requant_output_names_the_real_reason(k3_tiny, plans, tmp_path, capsys):
+    """A moet-w2 output has 2-bit experts; the runtime's packs come from the MXFP4
+    checkpoint (was: "needs gate scale U8 [256, 4] in every expert")."""
+    w2 = tmp_path / "w2"
+    assert main(["requant", str(k3_tiny), str(w2), "--format", "moet-w2", "--workers", "1", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["shard", str(w2), str(tmp_path / "o"), "--plan", str(plans / "cache.json"), "--layout", "moet",
+                 "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "k3ckpt requant output (moet-w2 experts): pass the MXFP4 checkpoint it was made from as SRC" in err
+    assert "gate scale" not in err and not (tmp_path / "o").exists()
+
+
 def test_shard_sizes_need_a_unit(k3_tiny, plans, tmp_path, capsys):
     assert main(["shard", str(k3_tiny), str(tmp_path / "o"), "--plan", str(plans / "placement.json"),
                  "--max-shard-size", "5000000", "-q"]) == 2

@@ -213,8 +213,20 @@ def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceM
 
 def _check_moet(ckpt, storage, groups, parts, inter, hidden, tp) -> None:
     if storage != MXFP4_PAIR or not inter:
-        raise UnsupportedError(f"layout 'moet' needs MXFP4 ({MXFP4_PAIR}) experts with gate, up and down "
-                               f"weight_packed/weight_scale tensors; this checkpoint's experts are {storage}")
+        from ..requant.qconfig import declared_groups
+
+        declared = sorted({fid for fid, _ in declared_groups(ckpt.config)})
+        if declared and MXFP4_PAIR not in declared:
+            # a k3ckpt requant output: the runtime builds its packs from the MXFP4 checkpoint
+            # itself (it re-encodes MXFP4 codes, moet-pack.md), never from our 2-bit outputs
+            raise UnsupportedError(
+                f"layout 'moet' builds the runtime's NVMe packs from the MXFP4 ({MXFP4_PAIR}) checkpoint the runtime "
+                f"also loads; this is a k3ckpt requant output ({', '.join(declared)} experts): pass the MXFP4 "
+                f"checkpoint it was made from as SRC, or shard this one with --layout k3ckpt (on a plan made "
+                f"from it)")
+        raise UnsupportedError(f"layout 'moet' builds packs from MXFP4 ({MXFP4_PAIR}) experts with gate, up and down "
+                               f"weight_packed/weight_scale tensors; this checkpoint's experts are {storage}: pass "
+                               f"an MXFP4 checkpoint (Kimi K3 as published), or use --layout k3ckpt")
     from .moet_pack import SlotGeometry
 
     try:

@@ -103,6 +103,48 @@ def test_max_shard_size_takes_a_size_with_a_unit(capsys, k3_tiny, tmp_path):
     assert "--max-shard-size SIZE" in out and "[default: 5GB]" in out
 
 
+def _k3ckpt(*args, cache):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-m", "k3ckpt", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_dry_run_counts_compiling_kernels_when_the_cache_is_cold(k3_tiny, tmp_path):
+    cold = _k3ckpt("requant", k3_tiny, tmp_path / "x", "--dry-run", "--json", cache=tmp_path / "empty")
+    assert cold.returncode == 0, cold.stderr
+    doc = json.loads(cold.stdout)
+    assert doc["compile_seconds"] == 10.0 and doc["estimated_seconds"] > 10.0
+    text = _k3ckpt("requant", k3_tiny, tmp_path / "x", "--dry-run", "--format", "IQ2_XS", cache=tmp_path / "empty")
+    assert "estimated about 3" in text.stdout and "compiling kernels, first run only" in text.stdout
+    assert not (tmp_path / "x").exists()
+
+
+def test_dry_run_estimate_uses_the_measured_rates(k3_tiny):
+    from k3ckpt.io.reader import open_checkpoint
+    from k3ckpt.requant.plan import plan_requant
+
+    with open_checkpoint(k3_tiny) as ckpt:
+        iq2 = plan_requant(ckpt, format="gguf-iq2_xs")
+        w2 = plan_requant(ckpt, format="moet-w2")
+    io = (iq2.in_bytes + iq2.total_bytes) / 500e6
+    # docs/BENCHMARKS.md: IQ2_XS 9.0-11.6 Mw/s a core, moet-w2 refit+report 847-997 Mw/s
+    assert iq2.estimated_seconds(2) == pytest.approx(1.0 + iq2.params / 9e6 / 2 + io)
+    assert w2.estimated_seconds(1) == pytest.approx(1.0 + w2.params / 800e6 + (w2.in_bytes + w2.total_bytes) / 500e6)
+
+
+@pytest.mark.slow
+def test_first_run_says_it_compiles_kernels_and_the_second_does_not(k3_tiny, tmp_path):
+    cache = tmp_path / "cache"
+    args = ("requant", k3_tiny, None, "--workers", "1", "--experts", r"layers\.1\..*experts\.0\.w1")
+    first = _k3ckpt(*[tmp_path / "a" if a is None else a for a in args], cache=cache)
+    assert first.returncode == 0, first.stderr
+    assert "compiling kernels (first run only, about 10.0 s)" in first.stderr
+    second = _k3ckpt(*[tmp_path / "b" if a is None else a for a in args], cache=cache)
+    assert second.returncode == 0 and "compiling" not in second.stderr
+    quiet = _k3ckpt(*[tmp_path / "c" if a is None else a for a in args], "-q", cache=tmp_path / "cache2")
+    assert quiet.returncode == 0 and "compiling" not in quiet.stderr
+
+
 def test_resume_after_kill(k3_tiny, tmp_path):
     """A process killed (SIGKILL) mid-run leaves hidden temporaries; --resume gives the same bytes."""
     code = (

@@ -93,6 +93,9 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
                    workers=workers, report_path=report_path, target_bpw=target_bpw, layout=layout,
                    max_shard_bytes=parse_size(max_shard_size, "--max-shard-size"),
                    progress=not quiet and not as_json and sys.stderr.isatty())
+    if not quiet:   # numba compiles on a first run (tens of seconds) and says nothing itself
+        options["on_compile"] = lambda s: click.echo(f"compiling kernels (first run only, about "
+                                                     f"{human_duration(s)})", err=True)
     hub_run = budget = None
     if stage is not None and not dry_run:  # hf:// source: download shard by shard, convert, delete
         from ..hub.convert import requant_from_hub
@@ -165,7 +168,9 @@ def _print_plan(result) -> None:
     click.echo(f"plan: {len(plan.weights)} weight(s) requantized, {len(plan.copies)} tensor(s) copied, "
                f"{len(plan.kept)} expert weight(s) left as stored; output {human_bytes(plan.total_bytes)} "
                f"({result.bits_per_weight:.4f} bits per requantized weight); "
-               f"estimated {human_duration(result.estimated_seconds)}; nothing written (--dry-run)")
+               f"estimated about {human_duration(result.estimated_seconds)}"
+               + (f" (of it {human_duration(result.compile_seconds)} compiling kernels, first run only)"
+                  if result.compile_seconds else "") + "; nothing written (--dry-run)")
 
 
 def _print_summary(result) -> None:

@@ -149,7 +149,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                        report_path=None, progress: bool = True, max_shard_bytes: int | None = None,
                        source_label: str | None = None, target_bpw: float | None = None,
                        on_result: Callable[[TensorResult], None] | None = None,
-                       layout: str | None = None) -> RequantResult:
+                       layout: str | None = None,
+                       on_compile: Callable[[float], None] | None = None) -> RequantResult:
     """Write ``dst``: ``ckpt`` with its routed-expert weights in ``format``.
 
     Sources: MXFP4, block FP8, INT4 pack-quantized, NVFP4 or BF16/F16/F32
@@ -163,7 +164,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     measure every selected weight first, then keep in MXFP4 those whose error
     per extra byte is largest so the average meets the target (``allocate.py``).
     ``on_result`` is called in the parent after each weight's result is written
-    (in plan order).
+    (in plan order); ``on_compile(seconds)`` once before the data pass when numba's cache
+    lacks the plan's kernels (the CLI says "compiling kernels (first run only)").
     """
     t0 = time.perf_counter()
     max_shard_bytes = _SHARD_BYTES if max_shard_bytes is None else int(max_shard_bytes)
@@ -177,7 +179,10 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 
         start_pool_server(workers)
     plan = plan_requant(ckpt, format=format, experts=experts, tensor_type=tensor_type, layout=layout)
-    estimate = plan.estimated_seconds(workers)
+    from .kernels import compile_seconds
+
+    compiling = compile_seconds(plan)   # numba's cache is cold: the first run compiles
+    estimate = plan.estimated_seconds(workers) + compiling
     if target_bpw is not None:
         other = next((w for w in plan.weights if not w.from_mxfp4 or w.out_offsets is not None), None)
         if other is not None:
@@ -191,7 +196,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                              f"(every selected weight in {format}) to {high:.4f} (all kept as the source's MXFP4)")
     if dry_run:
         return RequantResult(str(dst), True, plan, (), len(plan.copies), (), (), time.perf_counter() - t0,
-                             estimate, None)
+                             estimate, None, compile_seconds=compiling)
     dst = Path(dst)
     if ckpt.root is not None and dst.resolve() == Path(ckpt.root).resolve():
         raise UsageError("destination is the source folder; choose a new folder", file=str(dst))
@@ -219,6 +224,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
         plan, allocation, kept_results = _allocate(ckpt, plan, manifest, target_bpw, workers=workers,
                                                    progress=progress, format=format, experts=experts,
                                                    tensor_type=tensor_type, layout=layout)
+    if compiling and on_compile is not None:
+        on_compile(compiling)
     from ._stream import saved_results, stream
 
     results: dict[int, TensorResult] = {}
@@ -248,7 +255,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     manifest.finish(weights=len(ordered), params=plan.params, bytes_out=plan.out_bytes,
                     bits_per_weight=8.0 * plan.out_bytes / plan.params if plan.params else 0.0)
     return RequantResult(str(dst), False, plan, ordered, len(plan.copies), tuple(shards), tuple(done), elapsed,
-                         estimate, report, allocation,
+                         estimate, report, allocation, compile_seconds=compiling,
                          bytes_written=sum((dst / n).stat().st_size for n in shards))
 
 

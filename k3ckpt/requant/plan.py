@@ -47,12 +47,15 @@ LAYOUTS = ("compressed-tensors", "gpt-oss")
 _PROJECTION_WORDS = {"w1": "gate", "w3": "up", "w2": "down", "gate": "gate", "up": "up", "down": "down",
                      "gate_up": "gate_up", "gate_proj": "gate", "up_proj": "up", "down_proj": "down",
                      "gate_up_proj": "gate_up"}
-# Rough single-core rates (weights/s) of the whole per-weight job (encode, two decodes, error
-# metric) for --dry-run's time estimate; measured at K3 expert shapes (docs/requant.md).
-_RATE = {"keep-scales": 120e6, "refit": 100e6, "k3ckpt-mx2": 16e6,   # moet-w2: one pass (moet_fused)
+# Single-core rates (weights/s) of the whole per-weight job (codes plus every report number)
+# for --dry-run's time estimate, from docs/BENCHMARKS.md (bench_requant, K3 expert shapes):
+# moet-w2 refit+report one pass 847-997 Mw/s (keep-scales runs the same one-pass kernel),
+# MX2 110-244, IQ2_XS 9.0-11.6; the low ends, since the job adds a decode and the metric.
+_RATE = {"keep-scales": 800e6, "refit": 800e6, "k3ckpt-mx2": 100e6, "gguf-iq2_xs": 9e6,
          MXFP4: 40e6, GPT_OSS_MXFP4: 40e6}   # MXFP4 from floats: encode, decode, metric
 _RATE_OTHER = 3e6
 _IO_RATE = 500e6   # bytes/s read + written, a conservative local-disk figure
+_STARTUP = 1.0     # s: starting the pool and loading cached kernels (k3-tiny runs take 1.6-1.7 s)
 
 
 @dataclass(frozen=True)
@@ -217,9 +220,11 @@ class RequantPlan:
         return sum(s.nbytes for s in self.specs)
 
     def estimated_seconds(self, workers: int) -> float:
-        """A rough wall-time estimate (encode rates per core, plus disk traffic)."""
+        """Wall-time estimate: the measured per-core rates shared by ``workers``, plus disk
+        traffic (compiling kernels on a first run is added by the caller)."""
         cpu = sum(w.params / _RATE.get(w.method or w.format, _RATE_OTHER) for w in self.weights)
-        return cpu / max(1, workers) + (self.in_bytes + self.total_bytes) / _IO_RATE
+        startup = _STARTUP if self.weights else 0.0
+        return startup + cpu / max(1, workers) + (self.in_bytes + self.total_bytes) / _IO_RATE
 
     def groups(self) -> dict[tuple[str, str | None], list[str]]:
         """(format, method) -> logical names of the output weights (for quantization_config)."""

@@ -443,10 +443,11 @@ def test_failed_run_removes_what_it_created_only(k3_tiny, tmp_path, monkeypatch)
     assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
 
 
-def test_max_shard_size_cuts_shards_and_needs_a_unit(k3_tiny, tmp_path):
+def test_max_shard_size_cuts_shards_and_needs_a_unit(k3_tiny, tmp_path, capsys):
     from k3ckpt.cli.main import main
 
     assert main(["dequant", str(k3_tiny), str(tmp_path / "o"), "-q", "--max-shard-size", "2MB"]) == 0
+    assert ", 8 shard(s), 14.72 MB" in capsys.readouterr().out   # the index is not a shard
     shards = sorted(p.name for p in (tmp_path / "o").glob("*.safetensors"))
     assert len(shards) == 8 and shards[0] == "model-00001-of-00008.safetensors"
     assert all(p.stat().st_size <= 2_000_000 + 50_000 for p in (tmp_path / "o").glob("*.safetensors"))

@@ -56,11 +56,11 @@ def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
         room = ("enough free space" if result.fits else
                 f"NOT enough free space: {human_bytes(result.free_bytes)} free")
         click.echo(f"would write {result.dst}: {result.tensors:,} tensor(s), {len(result.decoded):,} weight(s) "
-                   f"decoded to {dtype}, {result.copied:,} copied, {len(result.shards):,} shard(s) of at most "
+                   f"decoded to {dtype}, {result.copied:,} copied, {_count_shards(result):,} shard(s) of at most "
                    f"{human_bytes(result.max_shard_bytes)}, {human_bytes(result.bytes_written)} ({room})")
     else:
         click.echo(f"wrote {result.dst}: {len(result.decoded)} weight(s) decoded to {dtype}, "
-                   f"{result.copied} tensor(s) copied, {len(result.shards)} shard(s), "
+                   f"{result.copied} tensor(s) copied, {_count_shards(result)} shard(s), "
                    f"{human_bytes(result.bytes_written)}")
     if not as_json:
         if result.dropped:
@@ -84,3 +84,7 @@ def _warn(result, dtype: str) -> None:
         click.echo(f"k3ckpt: warning: {total:,} value(s) in {len(result.inexact):,} weight(s) rounded by the "
                    f"{dtype} output (most: {worst}, {result.inexact[worst]:,}); --dtype f32 keeps them exact",
                    err=True)
+
+
+def _count_shards(result) -> int:
+    return sum(1 for s in result.shards if s.endswith(".safetensors"))   # not the index

@@ -1,0 +1,109 @@
+"""A Kimi K3 checkpoint to a GGUF file (or splits) that llama.cpp's ``kimi-k3`` loads.
+
+One streaming pass: the plan (``kimi_k3.plan_tensors``) and metadata are fixed
+first, then each tensor is produced in pieces (``produce.tensor_pieces``) and
+written at its final offset (``writer.GGUFWriter``), so memory is bounded by one
+expert, never a layer or the model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UnsupportedError, UsageError
+from . import container as C
+from . import kimi_k3
+from .produce import IQ2_XS, tensor_pieces
+from .vocab import kimi_vocab
+from .writer import GGUFWriter
+
+# --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
+EXPERT_TYPES = {"mxfp4": kimi_k3.MXFP4, "iq2_xs": IQ2_XS, "q8_0": kimi_k3.Q8_0, "bf16": kimi_k3.BF16,
+                "f16": kimi_k3.F16, "f32": kimi_k3.F32}
+OUT_TYPES = {k: EXPERT_TYPES[k] for k in ("bf16", "f16", "q8_0", "f32")}
+# llama.cpp's llama_ftype for a file labelled by its expert type (LlamaFileType)
+FILE_TYPES = {kimi_k3.MXFP4: 38, IQ2_XS: 20, kimi_k3.Q8_0: 7, kimi_k3.BF16: 32, kimi_k3.F16: 1, kimi_k3.F32: 0}
+
+
+def ggml_type(name: str, table: dict[str, int], option: str) -> int:
+    key = name.strip().lower()
+    if key not in table:
+        raise UsageError(f"{option} {name!r} is not one of {', '.join(sorted(table))}")
+    return table[key]
+
+
+@dataclass(frozen=True)
+class GGUFResult:
+    paths: tuple[Path, ...]
+    tensors: int
+    bytes_written: int
+    bytes_by_type: dict[str, int] = field(repr=False)
+    skipped: tuple[str, ...] = field(repr=False)
+
+    def __repr__(self) -> str:
+        return (f"GGUFResult({len(self.paths)} file(s), {self.tensors} tensors, {self.bytes_written:,} bytes, "
+                f"{len(self.skipped)} source tensors skipped)")
+
+
+def tokenizer_metadata(model_dir: str | os.PathLike, vocab_size: int) -> list[C.KV]:
+    """``tokenizer.ggml.*`` keys for a Kimi folder: its tiktoken vocabulary, special ids and chat
+    template from its JSON files (``gguf.SpecialVocab``, which reads them without running code)."""
+    import gguf
+
+    v = kimi_vocab(model_dir, vocab_size)
+    out = [C.KV("tokenizer.ggml.model", C.STRING, "gpt2"), C.KV("tokenizer.ggml.pre", C.STRING, "kimi-k2"),
+           C.KV("tokenizer.ggml.tokens", C.ARRAY, list(v.tokens), C.STRING),
+           C.KV("tokenizer.ggml.token_type", C.ARRAY, list(v.token_types), C.INT32)]
+    if v.merges:
+        out.append(C.KV("tokenizer.ggml.merges", C.ARRAY, list(v.merges), C.STRING))
+    special = gguf.SpecialVocab(model_dir, load_merges=False)
+    names = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
+             "pad": "padding_token_id", "cls": "cls_token_id", "mask": "mask_token_id"}
+    for kind, tid in special.special_token_ids.items():
+        if kind in names:
+            out.append(C.KV(f"tokenizer.ggml.{names[kind]}", C.UINT32, int(tid)))
+    for kind, on in special.add_special_token.items():
+        out.append(C.KV(f"tokenizer.ggml.add_{kind}_token", C.BOOL, bool(on)))
+    if isinstance(special.chat_template, str):
+        out.append(C.KV("tokenizer.chat_template", C.STRING, special.chat_template))
+    return out
+
+
+def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):
+    """(metadata, planned tensors, skipped source names) for a K3 checkpoint."""
+    config = ckpt.config or {}
+    if "KimiK3ForConditionalGeneration" not in (config.get("architectures") or []):
+        raise UnsupportedError(f"k3ckpt gguf maps Kimi K3 (KimiK3ForConditionalGeneration) so far; this checkpoint "
+                               f"declares {config.get('architectures')}")
+    text = config["text_config"]
+    et = ggml_type(expert_type, EXPERT_TYPES, "--expert-type")
+    ot = None if outtype is None else ggml_type(outtype, OUT_TYPES, "--outtype")
+    planned, skipped = kimi_k3.plan_tensors({n: (e.dtype, tuple(e.shape)) for n, e in ckpt.tensors.items()},
+                                            text, expert_type=et, outtype=ot)
+    if ckpt.root is None:
+        raise UnsupportedError("the vocabulary is read from the checkpoint's folder; pass a local folder")
+    kvs = kimi_k3.metadata(text, file_type=FILE_TYPES[et]) + tokenizer_metadata(ckpt.root, int(text["vocab_size"]))
+    return kvs, planned, skipped
+
+
+def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
+               split_max_bytes: int | None = None, progress: bool = False) -> GGUFResult:
+    """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``; see the module docstring."""
+    from tqdm import tqdm
+
+    kvs, planned, skipped = plan_gguf(ckpt, expert_type=expert_type, outtype=outtype)
+    by_type: dict[str, int] = {}
+    for p in planned:
+        name = C.type_name(p.info.ggml_type)
+        by_type[name] = by_type.get(name, 0) + p.info.nbytes
+    infos = [p.info for p in planned]
+    total = sum(i.nbytes for i in infos)
+    with GGUFWriter(out, kvs, infos, split_max_bytes=split_max_bytes) as w, \
+            tqdm(total=total, unit="B", unit_scale=True, desc="gguf", disable=not progress) as bar:
+        for p in planned:
+            for piece in tensor_pieces(ckpt, p):
+                w.write(p.info.name, piece)
+                bar.update(len(piece))
+    return GGUFResult(tuple(w.paths), len(infos), w.total_size, by_type, tuple(skipped))

@@ -1,0 +1,101 @@
+"""The bytes of one planned GGUF tensor, from the source checkpoint, in pieces.
+
+A routed-expert tensor comes one expert at a time (a K3 layer's is 2.85 GB at
+IQ2_XS), everything else whole. Conversions follow llama.cpp's converter:
+floats go through float32, BF16 -> BF16 and F32 -> F32 keep their bytes, Q8_0
+is the ``gguf`` package's own quantizer (the one the converter calls), MXFP4
+experts are repacked losslessly (``formats.gguf_mxfp4.pair_to_gguf``) or decoded
+and encoded by k3ckpt's encoders (IQ2_XS).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from .container import type_name
+from .kimi_k3 import BF16, F16, F32, MXFP4, Planned, Q8_0
+
+IQ2_XS = 17          # ggml type ids (gguf.GGMLQuantizationType)
+
+# ggml type -> k3ckpt format that encodes an MXFP4 expert straight into ggml's block bytes
+_FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs"}
+
+
+def _as_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "F32":
+        return raw.astype(np.float32, copy=False)
+    if dtype == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    if dtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    raise UnsupportedError(f"no float conversion for a {dtype} tensor")
+
+
+def float_bytes(x: np.ndarray, ggml_type: int) -> bytes:
+    """float32 ``x`` (rows along the last axis) as ``ggml_type``'s bytes."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if ggml_type == F32:
+        return x.tobytes()
+    if ggml_type == F16:
+        return x.astype(np.float16).tobytes()
+    import gguf
+
+    if ggml_type in (BF16, Q8_0):
+        return gguf.quants.quantize(x, gguf.GGMLQuantizationType(ggml_type)).tobytes()
+    if ggml_type in _FROM_MXFP4:
+        from ..formats import get_format
+
+        return get_format(_FROM_MXFP4[ggml_type]).encode(x)["packed"].tobytes()
+    raise UnsupportedError(f"k3ckpt does not encode {type_name(ggml_type)} yet")
+
+
+def _copy_bytes(raw: np.ndarray, src_dtype: str, ggml_type: int) -> bytes:
+    if (src_dtype, ggml_type) in (("BF16", BF16), ("F32", F32), ("F16", F16)):
+        return np.ascontiguousarray(raw).tobytes()          # the source's bytes, as the converter keeps them
+    return float_bytes(_as_f32(raw, src_dtype), ggml_type)
+
+
+def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int) -> bytes:
+    if src_dtype != "MXFP4":
+        return _copy_bytes(ckpt.read_raw(srcs[0]), src_dtype, ggml_type)
+    from ..formats import get_format
+    from ..formats.gguf_mxfp4 import pair_to_gguf
+
+    packed, scale = ckpt.read_raw(srcs[0]), ckpt.read_raw(srcs[1])
+    if ggml_type == MXFP4:
+        return pair_to_gguf(packed, scale, name=srcs[0]).tobytes()
+    if ggml_type in _FROM_MXFP4:
+        return get_format(_FROM_MXFP4[ggml_type]).from_mxfp4(packed, scale, name=srcs[0])["packed"].tobytes()
+    from ..formats.mxfp4 import decode_pair
+
+    return float_bytes(decode_pair(packed, scale, name=srcs[0]), ggml_type)
+
+
+def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
+    """The bytes of planned tensor ``p``, in order."""
+    r, t = p.recipe, p.info.ggml_type
+    if r.kind == "experts":
+        per = len(r.sources) // r.arg
+        for e in range(r.arg):
+            yield _expert(ckpt, r.sources[e * per:(e + 1) * per], p.source_dtype, t)
+        return
+    entries = [ckpt.tensors[s] for s in r.sources]
+    raws = [ckpt.read_raw(s) for s in r.sources]
+    if r.kind == "copy":
+        yield _copy_bytes(raws[0], entries[0].dtype, t)
+    elif r.kind == "fuse":        # <x>_res_norm * <x>_res_proj, in float32 as the converter multiplies them
+        a, b = (_as_f32(x, e.dtype).reshape(-1) for x, e in zip(raws, entries))
+        yield float_bytes(a * b, t)
+    elif r.kind == "neg_exp":
+        yield float_bytes(-np.exp(_as_f32(raws[0], entries[0].dtype).reshape(-1)[:r.arg]), t)
+    elif r.kind in ("k_b", "v_b"):
+        heads = r.arg
+        raw = raws[0].reshape(heads, -1, raws[0].shape[-1])           # [heads, nope + v, kv_lora]
+        nope = p.info.shape[2] if r.kind == "k_b" else raw.shape[1] - p.info.shape[1]
+        part = raw[:, :nope, :].transpose(0, 2, 1) if r.kind == "k_b" else raw[:, nope:, :]
+        yield _copy_bytes(np.ascontiguousarray(part), entries[0].dtype, t)
+    else:
+        raise AssertionError(f"unknown recipe {r.kind!r}")

@@ -428,3 +428,70 @@ def test_cli_bad_file_is_one_line_exit_2(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "schema_version 99" in err and "Error]" not in err
+
+
+# ------------------------------------------------------- reading the figures: references, scale, kept
+
+@pytest.fixture(scope="module")
+def tiny_reports(k3_tiny, tmp_path_factory):
+    from k3ckpt import api
+
+    root = tmp_path_factory.mktemp("reports")
+    api.requant(k3_tiny, root / "w2", workers=1)
+    api.requant(k3_tiny, root / "mixed", workers=1, target_bpw=3.0)
+    return load_report(root / "w2"), load_report(root / "mixed")
+
+
+def test_report_puts_the_formats_reference_points_beside_the_figure(tiny_reports):
+    from k3ckpt.requant.report_render import render_markdown
+
+    report = tiny_reports[0]
+    text, md = render_text(report), render_markdown(report)
+    line = next(x for x in text.splitlines() if x.startswith("reference"))
+    # docs/BENCHMARKS.md: refit 8.106 dB on t5 (heavy-tailed) weights, 9.203 on Gaussian ones
+    assert "8.11 dB on heavy-tailed" in line and "9.20 dB on Gaussian" in line
+    assert f"{report.overall.snr_db:.2f} dB is within that range" in line
+    assert "- reference: moet-w2 refit gives 8.11 dB" in md
+
+
+def test_report_names_the_keep_scales_baseline_when_the_run_has_one():
+    from k3ckpt.requant.report_render import reference_line
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    refit = _result("a", 0, 0, "gate", x, x + 0.30 * rng.standard_normal(x.shape).astype(np.float32))
+    keep = replace(_result("b", 0, 1, "gate", x, x + 0.35 * rng.standard_normal(x.shape).astype(np.float32)),
+                   method="keep-scales")
+    report = build_report([refit, keep], ReportMeta(source="s", formats=("moet-w2", "moet-w2:keep-scales")))
+    assert f"keep-scales baseline in this run: {keep.stats.snr_db:.2f} dB over its 1 tensor(s)" in \
+        reference_line(report)
+
+
+def test_heatmap_scale_spans_at_least_3_db_around_the_median(tiny_reports):
+    from k3ckpt.requant.heatmap import _colour_range
+
+    report = tiny_reports[0]
+    _, _, _, cells = heatmap_grid(report)
+    snrs = sorted(v[0] for v in cells.values())
+    assert snrs[-1] - snrs[0] < 0.5          # k3-tiny's experts differ by noise
+    lo, hi, _, _ = _colour_range(snrs)
+    assert hi - lo == pytest.approx(3.0) and (lo + hi) / 2 == pytest.approx(float(np.median(snrs)))
+    svg = render_svg(report)
+    assert "span 3.0 dB" in svg and "median-centred" in svg
+    # noise no longer paints the whole scale: every cell sits near its middle (was 0 to 1)
+    assert all(0.4 < (v - lo) / (hi - lo) < 0.6 for v in snrs)
+
+
+def test_heatmap_marks_experts_kept_in_mxfp4(tiny_reports):
+    from k3ckpt.requant.heatmap import kept_cells
+
+    plain, mixed = tiny_reports
+    assert kept_cells(plain) == {}
+    kept = kept_cells(mixed)
+    n_kept = sum(1 for r in mixed.tensors if r.format == "mxfp4-pack-quantized")
+    assert kept and sum(kept.values()) == n_kept > 0
+    root = ET.fromstring(render_svg(mixed))
+    marks = [g for g in root.iter(f"{SVG_NS}g") if g.get("class") == "kept"]
+    assert len(marks) == 1 and len(list(marks[0])) == len(kept)
+    titles = [t.text for t in root.iter(f"{SVG_NS}title") if t.text and "kept in MXFP4" in t.text]
+    assert len(titles) == len(kept)

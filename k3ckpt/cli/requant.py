@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import defaultdict
 
@@ -135,7 +134,7 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
             click.echo(f"--target-bpw {target_bpw:g}: which weights stay MXFP4 is decided by measuring them "
                        "during the run; the plan above shows every selected weight in the 2.25 format")
     else:
-        _print_summary(result)
+        _print_summary(result, options["format"])
     if budget is not None:
         click.echo(budget.message() if not budget.ok else
                    f"--max-disk {human_bytes(budget.max_disk)} works: a run needs {human_bytes(budget.need)} "
@@ -173,16 +172,17 @@ def _print_plan(result) -> None:
                   if result.compile_seconds else "") + "; nothing written (--dry-run)")
 
 
-def _print_summary(result) -> None:
+def _print_summary(result, spec: str) -> None:
+    from ..requant.metrics import pooled_snr_db
+    from ..requant.report_render import fmt_db
+
     res = result.results
     plan = result.plan
-    by = defaultdict(lambda: [0, 0.0, 0.0])
+    by = defaultdict(list)
     for r in res:
-        row = by[(r.format + (f":{r.method}" if r.method else ""), r.projection or "-")]
-        row[0] += r.params
-        row[1] += r.stats.count * r.stats.ref_rms ** 2
-        row[2] += r.stats.count * r.stats.err_rms ** 2
-    rows = [(f, p, human_count(n), _snr(sx, se)) for (f, p), (n, sx, se) in sorted(by.items())]
+        by[(r.format + (f":{r.method}" if r.method else ""), r.projection or "-")].append(r)
+    rows = [(f, p, human_count(sum(r.params for r in rs)), fmt_db(pooled_snr_db(r.stats for r in rs)))
+            for (f, p), rs in sorted(by.items())]
     if rows:
         click.echo(table(rows, ["format", "projection", "params", "SNR dB"], align="llrr"))
     worst = min(res, key=lambda r: r.stats.snr_db, default=None)
@@ -191,6 +191,8 @@ def _print_summary(result) -> None:
                f"({human_bytes(plan.in_bytes)} -> {human_bytes(plan.out_bytes)}), {result.copied} tensor(s) "
                f"copied, {len(result.shards)} shard(s) ({len(result.resumed_shards)} from an earlier run), "
                f"{result.seconds:.1f} s ({human_bytes(rate)}/s of source)")
+    if res:
+        click.echo(f"SNR {fmt_db(result.snr_db)} dB overall" + _reference(result, spec))
     if result.allocation is not None:
         a = result.allocation
         click.echo(f"--target-bpw {a['target_bpw']:g}: {len(a['keep'])} source tensor(s) kept in MXFP4, "
@@ -201,9 +203,10 @@ def _print_summary(result) -> None:
         click.echo(f"report: {result.report}/requant_report.md (picture: requant_report.svg)")
 
 
-def _snr(sx: float, se: float) -> str:
-    if se == 0:
-        return "inf"
-    if sx == 0:
-        return "-inf"
-    return f"{10 * math.log10(sx / se):.2f}"
+def _reference(result, spec: str) -> str:
+    """The format's reference figures beside the overall SNR (as the report gives them)."""
+    from ..requant.report_render import reference_for
+
+    kept = sum(1 for r in result.results if r.method is None and r.format != spec.partition(":")[0])
+    ref = reference_for(spec, result.snr_db, kept=kept)
+    return f": {ref}" if ref else ""

@@ -6,8 +6,12 @@ experts, one column per expert bin.  With more experts than ``max_columns``
 from the bin's error and signal energies, like every aggregate in the report.
 Colour: viridis-like, low SNR dark.  With many cells the scale spans the 1st
 to 99th percentile so one outlier does not flatten the rest; values beyond
-are clamped and the legend's end labels say so.  Each cell carries a
-``<title>`` tooltip with its exact figures.
+are clamped and the legend's end labels say so.  The scale is at least
+``MIN_SPAN_DB`` (3 dB) wide, centred on the median cell, so experts that differ
+by noise (a k3-tiny run spans 8.79-8.88 dB) share a colour; the legend states the
+span.  Cells holding experts kept in their source format (``--target-bpw``) are
+outlined and say so in their tooltip.  Each cell carries a ``<title>`` tooltip
+with its exact figures.
 
 Bottom panel: histogram of per-tensor SNR, stacked by projection.
 """
@@ -27,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_COLUMNS = 128
 PERCENTILE_CELLS = 100      # above this many cells the colour scale uses 1st..99th percentile
+MIN_SPAN_DB = 3.0           # narrowest colour scale (dB), centred on the median cell
 
 # Samples of matplotlib's viridis at t = 0, 1/8, ..., 1 (perceptually even, colour-blind safe).
 _VIRIDIS = ((0x44, 0x01, 0x54), (0x48, 0x28, 0x78), (0x3E, 0x49, 0x89), (0x31, 0x68, 0x8E), (0x26, 0x82, 0x8E),
@@ -47,13 +52,9 @@ def colour(t: float) -> str:
 
 
 def _pooled_snr(aggs: list[Aggregate]) -> float:
-    sxx = math.fsum(a.sum_ref_sq for a in aggs)
-    see = math.fsum(a.sum_err_sq for a in aggs)
-    if see == 0.0:
-        return math.inf
-    if sxx == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(sxx / see)
+    from .metrics import snr_from_sums
+
+    return snr_from_sums(math.fsum(a.sum_ref_sq for a in aggs), math.fsum(a.sum_err_sq for a in aggs))
 
 
 def _percentile(sorted_vals: list[float], q: float) -> float:
@@ -111,6 +112,22 @@ def heatmap_grid(report: RequantReport, max_columns: int = DEFAULT_COLUMNS):
     return layers, width, n_experts, cells
 
 
+def kept_cells(report: RequantReport, max_columns: int = DEFAULT_COLUMNS) -> dict[tuple[int, int], int]:
+    """(row, col) of ``heatmap_grid`` -> how many tensors there were kept in their source format."""
+    from .report_render import kept_tensors
+
+    kept = kept_tensors(report)
+    if not kept:
+        return {}
+    layers, width, _, _ = heatmap_grid(report, max_columns)
+    row_of = {layer: i for i, layer in enumerate(layers)}
+    out: dict[tuple[int, int], int] = defaultdict(int)
+    for r in kept:
+        if r.layer in row_of and r.expert is not None:
+            out[(row_of[r.layer], r.expert // width)] += 1
+    return dict(out)
+
+
 def _colour_range(values: list[float]) -> tuple[float, float, bool, bool]:
     """(lo, hi, clamped_low, clamped_high) of the colour scale over finite ``values``."""
     finite = sorted(v for v in values if math.isfinite(v))
@@ -121,9 +138,11 @@ def _colour_range(values: list[float]) -> tuple[float, float, bool, bool]:
         lo, hi = _percentile(finite, 0.01), _percentile(finite, 0.99)
     clamp_lo = any(v < lo for v in values if not math.isnan(v))
     clamp_hi = any(v > hi for v in values if not math.isnan(v))
-    if hi - lo < 0.1:  # near-uniform: a 0.1 dB window keeps colours meaningful
-        mid = (hi + lo) / 2
-        lo, hi = mid - 0.05, mid + 0.05
+    if hi - lo < MIN_SPAN_DB:
+        # Experts a few tenths of a dB apart are noise, not bad experts: at least MIN_SPAN_DB,
+        # centred on the median, so colour differences mean differences worth a look.
+        mid = _percentile(finite, 0.5)
+        lo, hi = mid - MIN_SPAN_DB / 2, mid + MIN_SPAN_DB / 2
     return lo, hi, clamp_lo, clamp_hi
 
 
@@ -140,6 +159,7 @@ def _heatmap_svg(report: RequantReport, x0: int, y0: int, max_columns: int) -> t
     ch = max(2, min(24, 560 // nrows))
     W, H = ncols * cw, nrows * ch
     lo, hi, clo, chi = _colour_range([v[0] for v in cells.values()])
+    kept = kept_cells(report, max_columns)
     bins = "one column per expert" if bw == 1 else f"{bw} experts per column, SNR pooled over the column"
     out.append(f'<text x="{x0}" y="{y0 - 24}" {_FONT} font-size="15" font-weight="bold">'
                f'SNR (dB) per layer and expert</text>')
@@ -151,9 +171,16 @@ def _heatmap_svg(report: RequantReport, x0: int, y0: int, max_columns: int) -> t
         snr, first, last = cells[(r, c)]
         fill = _NAN_COLOUR if math.isnan(snr) else colour((snr - lo) / (hi - lo))
         who = f"expert {first}" if first == last else f"experts {first}-{last}"
+        note = f"; {kept[(r, c)]} tensor(s) kept in MXFP4" if (r, c) in kept else ""
         out.append(f'<rect class="cell" x="{x0 + c * cw}" y="{y0 + r * ch}" width="{cw}" height="{ch}" '
-                   f'fill="{fill}"><title>layer {layers[r]}, {who}: {fmt_db(snr)} dB</title></rect>')
+                   f'fill="{fill}"><title>layer {layers[r]}, {who}: {fmt_db(snr)} dB{note}</title></rect>')
     out.append("</g>")
+    if kept:
+        out.append('<g class="kept" fill="none" stroke="#ff2d55" stroke-width="1.5">')
+        for (r, c) in sorted(kept):
+            out.append(f'<rect x="{x0 + c * cw + 0.75}" y="{y0 + r * ch + 0.75}" width="{max(0.5, cw - 1.5)}" '
+                       f'height="{max(0.5, ch - 1.5)}"/>')
+        out.append("</g>")
     # Axes: layers down the left, expert index along the bottom.
     out.append(f'<g {_FONT} font-size="10" fill="#222">')
     step = max(1, math.ceil(nrows / max(1, H // 14)))
@@ -184,13 +211,20 @@ def _heatmap_svg(report: RequantReport, x0: int, y0: int, max_columns: int) -> t
         y = y0 + (1.0 - (v - lo) / (hi - lo)) * lh
         out.append(f'<line x1="{lx + 14}" y1="{y:.1f}" x2="{lx + 18}" y2="{y:.1f}" stroke="#222"/>')
         out.append(f'<text x="{lx + 21}" y="{y + 3.5:.1f}">{v:g}</text>')
-    out.append(f'<text x="{lx}" y="{y0 + lh + 14}">SNR dB</text>')
+    notes = ["SNR dB", f"span {hi - lo:.1f} dB"]
+    if hi - lo <= MIN_SPAN_DB + 1e-9:
+        notes.append(f"(min {MIN_SPAN_DB:g}, median-centred)")
     if chi:
-        out.append(f'<text x="{lx}" y="{y0 + lh + 28}">top: &#8805; {hi:.2f}</text>')
+        notes.append(f"top: &#8805; {hi:.2f}")
     if clo:
-        out.append(f'<text x="{lx}" y="{y0 + lh + (42 if chi else 28)}">bottom: &#8804; {lo:.2f}</text>')
+        notes.append(f"bottom: &#8804; {lo:.2f}")
+    if kept:
+        notes.append('<tspan fill="#ff2d55">outlined:</tspan> kept')
+        notes.append("in MXFP4")
+    for i, text in enumerate(notes):
+        out.append(f'<text class="legend-note" x="{lx}" y="{y0 + lh + 14 + 14 * i}">{text}</text>')
     out.append("</g>")
-    return out, W + 24 + 90, max(H, lh + 42) + 40
+    return out, W + 24 + 110, max(H, lh + 14 * len(notes)) + 40
 
 
 def _histogram_svg(report: RequantReport, x0: int, y0: int) -> tuple[list[str], int, int]:

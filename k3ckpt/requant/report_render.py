@@ -89,6 +89,67 @@ def code_line(a: Aggregate) -> str | None:
     return ", ".join(f"code {i}: {100.0 * c / total:.1f}%" for i, c in enumerate(a.code_histogram))
 
 
+# ---------------------------------------------------------------- reference points
+
+# What each target gives on synthetic MXFP4 weights (docs/BENCHMARKS.md, tools/bench_requant.py,
+# [3072, 3584]): Gaussian, and Student-t (5 dof) with a log-normal spread of row scales, the
+# heavy-tailed shape of trained expert weights.  Trained checkpoints land near the second.
+REFERENCE_SNR = {"moet-w2:refit": (9.20, 8.11), "moet-w2:keep-scales": (9.05, 7.64),
+                 "k3ckpt-mx2": (9.54, 8.60), "gguf-iq2_xs": (10.77, 10.24)}
+
+
+def kept_tensors(report: RequantReport) -> list:
+    """Tensors left in their source format (``--target-bpw``'s kept weights, ``keep`` overrides):
+    those whose format is none of the formats the run asked for."""
+    from .plan import FORMAT_ALIASES
+
+    asked = {FORMAT_ALIASES.get(f.partition(":")[0], f.partition(":")[0]) for f in report.meta.formats}
+    return [r for r in report.tensors if r.format not in asked]
+
+
+def _target_key(spec: str) -> str:
+    """The REFERENCE_SNR key of a format spec as given (``moet-w2`` means its refit method)."""
+    fmt, _, method = spec.partition(":")
+    return f"moet-w2:{method or 'refit'}" if fmt == "moet-w2" else fmt
+
+
+def reference_for(spec: str, snr: float, *, kept: int = 0) -> str | None:
+    """``snr`` (dB, pooled) beside what format ``spec`` gives on heavy-tailed and Gaussian
+    weights; None for a format without reference figures."""
+    key = _target_key(spec)
+    ref = REFERENCE_SNR.get(key)
+    if ref is None:
+        return None
+    gauss, heavy = ref
+    if not math.isfinite(snr):
+        where = ""
+    elif snr < heavy - 0.5:
+        where = f"; {fmt_db(snr)} dB is below that range: look at the worst experts"
+    elif snr > gauss + 0.5:
+        where = f"; {fmt_db(snr)} dB is above that range" + (
+            f" ({kept:,} tensor(s) kept as stored count as exact)" if kept else "")
+    else:
+        where = f"; {fmt_db(snr)} dB is within that range"
+    return (f"{key.replace(':', ' ')} gives {heavy:.2f} dB on heavy-tailed (trained-like) and "
+            f"{gauss:.2f} dB on Gaussian weights (docs/BENCHMARKS.md){where}")
+
+
+def reference_line(report: RequantReport) -> str | None:
+    """The overall SNR beside its format's reference figures (``reference_for``), and beside the
+    keep-scales tensors of the same run when a refit run has some; None without a reference."""
+    if not report.meta.formats:
+        return None
+    spec = report.meta.formats[0]
+    parts = [reference_for(spec, report.overall.snr_db, kept=len(kept_tensors(report)))]
+    keep = [r for r in report.tensors if r.format == "moet-w2" and r.method == "keep-scales"]
+    if keep and _target_key(spec) == "moet-w2:refit" and len(keep) < len(report.tensors):
+        from .report import aggregate
+
+        parts.append(f"keep-scales baseline in this run: {fmt_db(aggregate(keep).snr_db)} dB "
+                     f"over its {len(keep):,} tensor(s)")
+    return "; ".join(p for p in parts if p) or None
+
+
 # ---------------------------------------------------------------- markdown
 
 def _md_cell(v: Any) -> str:
@@ -133,6 +194,9 @@ def render_markdown(report: RequantReport, *, svg_name: str | None = "requant_re
         extra.append(f"- block scales changed from the source: {o.scale_changes:,}")
     if o.nonfinite:
         extra.append(f"- values left out as NaN/inf: {o.nonfinite:,}")
+    ref = reference_line(report)
+    if ref:
+        extra.insert(0, f"- reference: {ref}")
     lines += extra + [""]
     if svg_name:
         lines += ["## Picture", "", f"![layer x expert SNR heatmap and per-tensor SNR histogram]({svg_name})", ""]
@@ -169,6 +233,9 @@ def render_text(report: RequantReport) -> str:
         f"error         SNR {fmt_db(o.snr_db)} dB, rel RMS {fmt_g(o.rel_rms)}, bias/RMS "
         f"{fmt_g(o.bias_rel_rms, signed=True)}, max abs {fmt_g(o.max_abs)}, max row bias {fmt_g(o.max_row_bias)}",
     ]
+    ref = reference_line(report)
+    if ref:
+        lines.append(f"reference     {ref}")
     codes = code_line(o)
     if codes:
         lines.append(f"codes         {codes}")

@@ -177,3 +177,16 @@ def test_resume_after_kill(k3_tiny, tmp_path):
                 if p.is_file() and p.name != "k3ckpt-manifest.json"}
 
     assert files(dst) == files(tmp_path / "clean")
+
+
+@pytest.mark.parametrize("name", ["requant", "report"])
+def test_every_option_has_help_and_the_help_has_examples(capsys, name):
+    import importlib
+
+    import click
+
+    cmd = importlib.import_module(f"k3ckpt.cli.{name}").command
+    bare = [p.opts for p in cmd.params if isinstance(p, click.Option) and not p.help]
+    assert bare == []
+    rc, out, _ = cli(capsys, name, "--help")
+    assert rc == 0 and "Examples:" in out and f"k3ckpt {name} " in out.split("Examples:")[1]

@@ -6,7 +6,7 @@ import click
 
 
 @click.command("report")
-@click.argument("path")
+@click.argument("path", metavar="PATH")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/requant-report.md).")
 @click.option("--worst", "worst_n", type=click.IntRange(min=0), default=None, metavar="N",
               help="List the N experts of lowest SNR (default: as stored, 10).")
@@ -17,6 +17,11 @@ def command(path, as_json, worst_n):
     --report folder of `k3ckpt requant`).  The text form gives the summary
     and the worst experts; the folder's requant_report.md and .svg hold the
     per-layer table and the heatmap.
+
+    \b
+    Examples:
+      k3ckpt report k3-w2
+      k3ckpt report k3-w2/requant_report.json --worst 25 --json
     """
     from ..requant.report import json_chunks, load_report, render_text, resolve_report_path, with_worst
 

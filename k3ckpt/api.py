@@ -69,18 +69,20 @@ def _size(value, what: str) -> int | None:
 
 
 @_for_python
-def open_source(src: str | os.PathLike) -> Checkpoint:
-    """Open a checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``."""
+def open_source(src: str | os.PathLike, *, complete: bool = True) -> Checkpoint:
+    """Open a checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``;
+    ``complete``: refuse one with no tensors or MoE layers without experts (k3ckpt.completeness)."""
+    from .completeness import require_complete
     from .hub import is_hub_url
 
     if is_hub_url(str(src)):
         from .hub import open_hub_checkpoint
 
-        return open_hub_checkpoint(str(src))
+        return require_complete(open_hub_checkpoint(str(src)), complete)
     path = Path(src)
     if not path.exists():
         raise NotFoundError(f"no such checkpoint folder or file: {src}")
-    return open_checkpoint(path)
+    return require_complete(open_checkpoint(path), complete)
 
 
 @_for_python
@@ -98,7 +100,7 @@ def inspect(src: str | os.PathLike, *, scan: bool = False, tensors: bool = False
 
     from .inspection import inspect_checkpoint, tensor_rows
 
-    with open_source(src) as ckpt:
+    with open_source(src, complete=False) as ckpt:   # inspect reports what is missing as warnings
         report = inspect_checkpoint(ckpt, source=str(src))
         hub = getattr(ckpt, "hub", None)
         if hub is not None:

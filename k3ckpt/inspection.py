@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .columns import first_ids
+from .completeness import empty_text, missing_experts_text
 from .io import dtypes
 from .io.header import paused_gc
 from .io.reader import Checkpoint
@@ -100,6 +101,7 @@ class InspectReport:
     source: str
     profile: str
     display_name: str
+    model_name: str | None          # the profile's short name ("Kimi K3"), else config's _name_or_path
     model_type: str | None
     architectures: tuple[str, ...]
     num_layers: int | None
@@ -272,6 +274,12 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
         extra_layers = sorted(set(per_layer_bytes) - set(range(geo.num_layers)))
         if extra_layers:
             warnings.append(f"headers hold layers {extra_layers} beyond the config's {geo.num_layers}")
+    # what writers refuse (k3ckpt.completeness), said here as warnings: exit 2 with --strict
+    bare = [layer.index for layer in layers if layer.mlp == "moe" and layer.experts == 0]
+    if not ckpt.tensors:
+        warnings.insert(0, empty_text(ckpt))
+    elif bare and geo is not None and geo.experts:
+        warnings.insert(0, missing_experts_text(bare, geo.experts))
     attention_layers: dict[str, int] = defaultdict(int)
     for layer in layers:
         attention_layers[layer.attention] += 1
@@ -281,6 +289,7 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
         source=source or str(ckpt.root),
         profile=profile.id,
         display_name=profile.display_name,
+        model_name=profile.model_name or (str(config.get("_name_or_path") or "") or None),
         model_type=config.get("model_type"),
         architectures=tuple(config.get("architectures") or ()),
         num_layers=None if geo is None else geo.num_layers,

@@ -82,7 +82,8 @@ class ScanReport:
             zf = r.zero_code_fraction
             rows.append((r.role, r.tensors, f"{r.elements:,}", span, r.nan_scales,
                          "-" if zf is None else f"{zf:.2%}", r.nan, r.inf, f"{r.amax:.4g}"))
-        head = ["scan by role", "tensors", "elements", "E8M0 scales", "0xFF", "zero codes", "NaN", "Inf", "amax"]
+        # an MXFP4 weight's codes and scales are one weight here; "by role" counts them as two tensors
+        head = ["scan by role", "weights", "elements", "E8M0 scales", "0xFF", "zero codes", "NaN", "Inf", "amax"]
         return table(rows, head)
 
 

@@ -115,3 +115,66 @@ def test_virtual_k3_full_scale_from_headers(virtual_k3):
     assert 2.7e12 < r.params_total < 2.9e12        # "2.8T parameters"
     print(f"inspect of the virtual K3: {seconds:.2f} s")
     assert math.isfinite(seconds)
+
+
+# -- the text output and the options (issue 17, items 4, 5, 7) ---------------------------------
+
+def _run(capsys, *args):
+    from k3ckpt.cli.main import main
+
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_text_report_reads_right(capsys, k3_tiny):
+    rc, out, _ = _run(capsys, "inspect", k3_tiny, "--scan", "-q")
+    assert rc == 0
+    lines = out.splitlines()
+    # layer 0 is a dense layer, not "0 dense layers"
+    assert "dense MLP: layer 0; MoE: layers 1-3" in out and "dense MLP: 0" not in out
+    # every label fits its 14-character column
+    head = lines[: lines.index("")]
+    assert all(ln[13] == " " and ln[14] != " " for ln in head), head
+    assert any(ln.startswith("expert bytes  2.51 MB (2,506,752 B) in routed experts") for ln in head)
+    # the role table counts tensors (codes and scales apart), the scan counts weights
+    role = next(ln for ln in lines if ln.startswith("by role"))
+    scan = next(ln for ln in lines if ln.startswith("scan by role"))
+    assert role.split()[2] == "tensors" and scan.split()[3] == "weights"
+    routed_role = next(ln for ln in lines if ln.startswith("routed_expert ") and "4.250" in ln)
+    routed_scan = [ln for ln in lines if ln.startswith("routed_expert ")][-1]
+    assert routed_role.split()[1] == "144" and routed_scan.split()[1] == "72"
+
+
+def test_layer_lists_say_none_one_or_many():
+    from k3ckpt.cli.inspect import _layers
+
+    assert _layers(()) == "none" and _layers((0,)) == "layer 0" and _layers((1, 2, 3, 5)) == "layers 1-3, 5"
+
+
+def test_model_name_is_in_the_report(k3_tiny, gpt_oss_tiny):
+    r = api.inspect(k3_tiny)
+    assert r.model_name == "Kimi K3" and r.to_json()["model_name"] == "Kimi K3"
+    assert api.inspect(gpt_oss_tiny).model_name == "gpt-oss"
+
+
+def test_list_tensors_flag_and_its_old_spelling(capsys, k3_tiny):
+    rc, out, err = _run(capsys, "inspect", k3_tiny, "--list-tensors")
+    assert rc == 0 and err == "" and "language_model.model.embed_tokens.weight" in out
+    rc, old, err = _run(capsys, "inspect", k3_tiny, "--tensors")
+    assert rc == 0 and old == out and err == "k3ckpt: warning: inspect --tensors is now --list-tensors\n"
+    rc, helptext, _ = _run(capsys, "inspect", "--help")
+    assert "--list-tensors" in helptext and "--tensors " not in helptext
+
+
+@pytest.mark.parametrize("name", ["inspect", "formats"])
+def test_every_option_has_help_and_examples(capsys, name):
+    import importlib
+
+    import click
+
+    cmd = importlib.import_module(f"k3ckpt.cli.{name}").command
+    options = [p for p in cmd.params if isinstance(p, click.Option) and not p.hidden]
+    assert options and all(p.help for p in options), [p.name for p in options if not p.help]
+    rc, out, _ = _run(capsys, name, "--help")
+    assert rc == 0 and "Examples:" in out and f"k3ckpt {name}" in out.split("Examples:")[1]

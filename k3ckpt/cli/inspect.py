@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import api
+from ..errors import InvalidFileError
 from .render import echo_json, human_bytes, human_count, table
 from .source import hub_option, source_argument
 
@@ -23,7 +24,16 @@ def _ranges(layers) -> str:
     return ", ".join(out) or "-"
 
 
+def _layers(ids) -> str:
+    """() -> 'none', (0,) -> 'layer 0', (1, 2, 3) -> 'layers 1-3': never a bare '0' that reads as none."""
+    ids = list(ids)
+    if not ids:
+        return "none"
+    return f"layer {ids[0]}" if len(ids) == 1 else f"layers {_ranges(ids)}"
+
+
 def render_report(r, *, tensors=None) -> str:
+    """The report as text; warnings are not in it (the command prints them on stderr)."""
     lines = [
         f"source        {r.source}",
         f"model         {r.display_name} (profile {r.profile}, model_type {r.model_type or '-'})",
@@ -31,8 +41,8 @@ def render_report(r, *, tensors=None) -> str:
     if r.num_layers is not None:
         attn = ", ".join(f"{n} {k}" for k, n in sorted(r.attention_layers.items()))
         lines += [
-            f"layers        {r.num_layers} ({attn}); dense MLP: {_ranges(r.dense_layers)}; "
-            f"MoE: {_ranges(r.moe_layers)}",
+            f"layers        {r.num_layers} ({attn}); dense MLP: {_layers(r.dense_layers)}; "
+            f"MoE: {_layers(r.moe_layers)}",
             f"experts       {r.experts_per_layer} routed per MoE layer, top-{r.top_k}, "
             f"{r.shared_experts} shared; {r.routed_experts:,} routed experts in the headers",
         ]
@@ -41,7 +51,7 @@ def render_report(r, *, tensors=None) -> str:
         f"parameters    {human_count(r.params_total)} total, {active} active per token",
         f"tensors       {r.tensor_count:,} in {len(r.shards)} shard(s), {human_bytes(r.total_bytes)} "
         f"({r.total_bytes:,} B)",
-        f"routed experts {human_bytes(r.routed_expert_bytes)} ({r.routed_expert_bytes:,} B)",
+        f"expert bytes  {human_bytes(r.routed_expert_bytes)} ({r.routed_expert_bytes:,} B) in routed experts",
         "",
     ]
     for title, buckets in (("role", r.by_role), ("storage", r.by_storage)):
@@ -59,8 +69,6 @@ def render_report(r, *, tensors=None) -> str:
     if hub:
         lines.append(f"hub           {hub.get('repo_id', '')}@{hub.get('commit', '')} via {hub.get('endpoint', '')}; "
                      f"fetched {hub.get('bytes_fetched', 0):,} B")
-    for w in r.warnings:
-        lines.append(f"warning       {w}")
     if r.scan is not None:
         lines += ["", r.scan.render()]
     if tensors is not None:
@@ -69,19 +77,34 @@ def render_report(r, *, tensors=None) -> str:
     return "\n".join(lines)
 
 
-@click.command("inspect")
+@click.command("inspect", epilog="""\b
+Examples:
+  k3ckpt inspect /models/Kimi-K3                    # headers only: seconds even for the full K3
+  k3ckpt inspect out/ --json --strict | jq .by_storage   # exit 2 if anything is missing""")
 @source_argument
 @hub_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/inspect-json.md).")
-@click.option("--tensors", "list_tensors", is_flag=True, help="Also list every tensor with its role.")
+@click.option("--list-tensors", "list_tensors", is_flag=True,
+              help="Also list every tensor with its dtype, shape, role, storage and shard.")
+@click.option("--tensors", "old_list_tensors", is_flag=True, hidden=True,
+              help="Deprecated spelling of --list-tensors (dequant's --tensors takes a regex).")
 @click.option("--scan", is_flag=True, help="Read the data too: scale histograms, NaN/Inf, zero codes, amax.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, as_json, list_tensors, scan, quiet):
+@click.option("--strict", is_flag=True,
+              help="Exit 2 when there are warnings (e.g. MoE layers without experts, no tensors, config and "
+                   "headers disagree); the report is printed first.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no warnings on stderr.")
+def command(src, as_json, list_tensors, old_list_tensors, scan, strict, quiet):
     """Report what the checkpoint SRC holds, from its headers alone.
 
-    SRC is a checkpoint folder (with or without model.safetensors.index.json)
-    or a single .safetensors file.
+    SRC is a checkpoint folder (with or without model.safetensors.index.json),
+    a single .safetensors file, or hf://ORG/NAME.  A numbered shard set with a
+    shard missing is refused; MoE layers without their experts and an empty
+    checkpoint are warnings (on stderr and in --json's "warnings"), which
+    requant, dequant, shard and plan refuse.
     """
+    if old_list_tensors:
+        click.echo("k3ckpt: warning: inspect --tensors is now --list-tensors", err=True)
+    list_tensors = list_tensors or old_list_tensors
     progress = scan and not quiet and sys.stderr.isatty()
     report = api.inspect(src, scan=scan, tensors=list_tensors, progress=progress)
     if as_json:
@@ -91,3 +114,8 @@ def command(src, as_json, list_tensors, scan, quiet):
             (t.name, t.dtype, "x".join(map(str, t.shape)) or "scalar", t.role, t.storage, f"{t.bytes:,}", t.shard)
             for t in report.tensors]
         click.echo(render_report(report, tensors=rows))
+    if not quiet:
+        for w in report.warnings:
+            click.echo(f"k3ckpt: warning: {w}", err=True)
+    if strict and report.warnings:
+        raise InvalidFileError(f"{len(report.warnings)} warning(s) with --strict: {report.warnings[0]}")

@@ -236,6 +236,38 @@ def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
     return dict(wm), dict(meta)
 
 
+# "model-00003-of-00007.safetensors": the Hugging Face numbering of a sharded checkpoint
+_NUMBERED = re.compile(r"^(?P<stem>.+)-(?P<i>\d+)-of-(?P<n>\d+)\.safetensors$")
+
+
+def check_numbered_set(shards, *, source: str) -> None:
+    """Every shard of a numbered set (``-00001-of-00007``) must be there: a set with a
+    gap is an incomplete download or copy, and reading on would drop whole layers.
+    ``NotFoundError`` names the missing shards."""
+    sets: dict[tuple[str, int], dict[int, int]] = {}
+    for name in shards:
+        m = _NUMBERED.match(name)
+        if m:
+            sets.setdefault((m["stem"], int(m["n"])), {})[int(m["i"])] = len(m["i"])
+    for (stem, total), seen in sets.items():
+        missing = [i for i in range(1, total + 1) if i not in seen]
+        if missing:
+            width = max(seen.values())
+            names = [f"{stem}-{i:0{width}d}-of-{_total_text(shards, stem, total)}.safetensors" for i in missing[:3]]
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise NotFoundError(f"incomplete checkpoint: {len(missing)} of {total} shards missing "
+                                f"({', '.join(names)}{more})", file=source or None)
+
+
+def _total_text(shards, stem: str, total: int) -> str:
+    """The ``-of-N`` text as the set spells it (``000007``)."""
+    for name in shards:
+        m = _NUMBERED.match(name)
+        if m and m["stem"] == stem and int(m["n"]) == total:
+            return m["n"]
+    return str(total)
+
+
 def checkpoint_from_sources(
     index_json: dict | None,
     sources: dict[str, ByteSource],
@@ -276,6 +308,7 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
         shards = sorted(sources, key=_natural_key)
     for s in shards:
         check_shard_name(s, source=index_source)
+    check_numbered_set(shards, source=index_source if index_json is not None else str(root or ""))
 
     headers: dict[str, Header] = {}
     with paused_gc():

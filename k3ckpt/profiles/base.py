@@ -136,6 +136,8 @@ class Profile:
 
     id: ClassVar[str] = "generic"
     display_name: ClassVar[str] = "Generic (name patterns)"
+    # the model's short name for reports and plans ("Kimi K3"); None: the family is unknown
+    model_name: ClassVar[str | None] = None
     rules: ClassVar[tuple[Rule, ...]] = ()
     default_quant: ClassVar[str | None] = None
     registry: ClassVar[dict[str, type[Profile]]] = {}

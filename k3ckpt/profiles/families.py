@@ -41,6 +41,7 @@ class KimiK3Profile(Profile):
 
     id: ClassVar[str] = "kimi_k3"
     display_name: ClassVar[str] = "Kimi K3 (LatentMoE, MXFP4 experts)"
+    model_name: ClassVar[str | None] = "Kimi K3"
     rules: ClassVar[tuple[Rule, ...]] = _K3_RULES
     default_quant: ClassVar[str | None] = "mxfp4-pack-quantized"
 
@@ -54,6 +55,7 @@ class KimiLinearProfile(Profile):
 
     id: ClassVar[str] = "kimi_linear"
     display_name: ClassVar[str] = "Kimi-Linear (KDA/MLA hybrid MoE)"
+    model_name: ClassVar[str | None] = "Kimi-Linear"
     rules: ClassVar[tuple[Rule, ...]] = _K3_RULES  # harmless when absent; K3 text models reuse the type
     default_quant: ClassVar[str | None] = None
 
@@ -67,6 +69,7 @@ class DeepseekV3Profile(Profile):
 
     id: ClassVar[str] = "deepseek_v3"
     display_name: ClassVar[str] = "DeepSeek-V3 / Kimi K2 (block FP8)"
+    model_name: ClassVar[str | None] = "DeepSeek-V3 / Kimi K2"
     default_quant: ClassVar[str | None] = "fp8-block"
 
     @classmethod
@@ -79,6 +82,7 @@ class KimiK2ThinkingProfile(DeepseekV3Profile):
 
     id: ClassVar[str] = "kimi_k2_thinking"
     display_name: ClassVar[str] = "Kimi K2-Thinking (INT4 pack-quantized experts)"
+    model_name: ClassVar[str | None] = "Kimi K2-Thinking"
     default_quant: ClassVar[str | None] = "int4-pack-quantized"
 
 
@@ -87,5 +91,6 @@ class GptOssProfile(Profile):
 
     id: ClassVar[str] = "gpt_oss"
     display_name: ClassVar[str] = "gpt-oss (fused MXFP4 experts)"
+    model_name: ClassVar[str | None] = "gpt-oss"
     default_quant: ClassVar[str | None] = "gpt-oss-mxfp4"
     # geometry: the base class's generic reader (common Hugging Face keys, tolerant)

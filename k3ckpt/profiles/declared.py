@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
+from .roles import QUANTIZED_STORAGE
+
 # The literal form ``targets_for`` writes for a single weight: re:^<escaped name>$
 _META = re.compile(r"\\(.)|[.^$*+?{}\[\]|()]")
 
@@ -43,12 +45,16 @@ def declared_parts(config: Mapping | None, names: Iterable[str]) -> dict[str, tu
     are classified by suffix and dtype).  Literal targets (a mixed ``--target-bpw``
     output lists weights one by one) are a set lookup, so the cost is one suffix
     test per name plus a regex match only for template patterns."""
-    from ..errors import K3ckptError
-    from ..formats import get_format
     from ..requant.qconfig import declared_groups, logical_weight_name
 
+    declared = declared_groups(config)
+    if not declared:   # not a k3ckpt output: spare the format registry's import
+        return {}
+    from ..errors import K3ckptError
+    from ..formats import get_format
+
     groups = []
-    for fid, pats in declared_groups(config):
+    for fid, pats in declared:
         try:
             fmt = get_format(fid)
         except K3ckptError:
@@ -97,7 +103,12 @@ def coded_params(storage: str, part: str, numel: int) -> int | None:
     """Logical weights in a tensor of ``numel`` stored elements that holds the codes
     of a registered format (its ``parts[0]``: ``packed`` or ``blocks``), from the
     format table: ``numel * block / elements per block`` (2 per byte for MXFP4,
-    4 for moet-w2, 256 per 74 bytes for IQ2_XS).  None for any other tensor."""
+    4 for moet-w2, 256 per 74 bytes for IQ2_XS).  None for any other tensor, and for
+    the storages the suffix rules name (``roles.QUANTIZED_STORAGE``): their callers
+    count those by dtype, which spares ``inspect`` of a source checkpoint the
+    format registry's import."""
+    if part not in ("packed", "blocks") or storage in QUANTIZED_STORAGE:
+        return None
     first = _first_part(storage)
     if first is None or part != first[0] or part not in ("packed", "blocks"):
         return None

@@ -46,6 +46,12 @@ def resolve_geometry(source, *, format_id: str | None = None, include_vision: bo
     """``(geometry, format id, notes)`` of ``source``: a ``MoEGeometry`` (used as is), an
     open ``Checkpoint``, or a folder / file / ``hf://`` URL (headers only).  A None
     format is ``stored`` for a mixed-format requant output, else MXFP4."""
+    return _resolve(source, format_id=format_id, include_vision=include_vision, model_id=model_id,
+                    requant_report=requant_report)[:3]
+
+
+def _resolve(source, *, format_id, include_vision, model_id, requant_report):
+    """``resolve_geometry`` plus the model's decoder-layer count (pipeline stages)."""
     from .shard.geometry_from_checkpoint import STORED, check_format_id, moe_geometry_report
 
     if format_id is not None:
@@ -54,18 +60,28 @@ def resolve_geometry(source, *, format_id: str | None = None, include_vision: bo
         if requant_report is not None:
             raise UsageError("a requant report needs the checkpoint it was made from, not a MoEGeometry")
         geo = source if model_id is None else dataclasses.replace(source, model_id=model_id)
-        return geo, format_id or (STORED if geo.mixed else FORMAT_ID), ()
+        return geo, format_id or (STORED if geo.mixed else FORMAT_ID), (), geo.layer_ids[-1] + 1
     kw = dict(format_id=format_id, include_vision=include_vision, model_id=model_id, requant_report=requant_report)
     if hasattr(source, "tensors") and hasattr(source, "config"):
         rep = moe_geometry_report(source, **kw)
-        geo = _named(rep.geometry, source)
+        geo, layers = _named(rep.geometry, source), _decoder_layers(source, rep.geometry)
     else:
         from .api import open_source
 
         with open_source(source) as ckpt:
             rep = moe_geometry_report(ckpt, **kw)
-            geo = _named(rep.geometry, ckpt)
-    return geo, rep.format_id, rep.notes
+            geo, layers = _named(rep.geometry, ckpt), _decoder_layers(ckpt, rep.geometry)
+    return geo, rep.format_id, rep.notes, layers
+
+
+def _decoder_layers(ckpt, geo: MoEGeometry) -> int:
+    """The config's ``num_hidden_layers`` (vLLM partitions all of them over pipeline
+    stages), or one past the last MoE layer where the config does not say."""
+    cfg = ckpt.config or {}
+    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    n = tc.get("num_hidden_layers")
+    last = geo.layer_ids[-1] + 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= last else last
 
 
 def _named(geo: MoEGeometry, ckpt) -> MoEGeometry:
@@ -195,6 +211,7 @@ def plan(
     dense: str = "hbm",
     include_vision: bool = False,
     model_id: str | None = None,
+    pp_partition=None,
     seed: int = SYNTHETIC_SEED,
     synthetic_tokens: int = SYNTHETIC_TOKENS,
     synthetic_trace_tokens: int = SYNTHETIC_TRACE_TOKENS,
@@ -222,7 +239,11 @@ def plan(
         mode: ``auto``, ``placement`` or ``cache``.
         dense: ``hbm`` (dense weights on the GPUs) or ``host`` (in host DRAM).
         include_vision: count the vision tower among the dense weights.
-        model_id: recorded in the plan (default: hub repo id or config name).
+        model_id: recorded in the plan (default: hub repo id, config name, else the
+            detected family).
+        pp_partition: cache mode: decoder layers per GPU (dense layers included), as
+            ``VLLM_PP_LAYER_PARTITION`` gives them; default vLLM's ``get_pp_indices``
+            split of the config's ``num_hidden_layers`` (``shard.pipeline``).
         seed, synthetic_tokens, synthetic_trace_tokens: synthetic loads and trace.
         planner_options: passed to ``make_plan`` (``host_fraction``, ``topology``, ...).
 
@@ -241,8 +262,8 @@ def plan(
     for what, x in (("loads", loads), ("trace", trace), ("held-out trace", heldout)):
         if _is_file_arg(x) and not Path(x).is_file():
             raise NotFoundError(f"{what} file not found", file=str(x))
-    geo, format_id, geo_notes = resolve_geometry(source, format_id=format_id, include_vision=include_vision,
-                                                 model_id=model_id, requant_report=requant_report)
+    geo, format_id, geo_notes, decoder_layers = _resolve(source, format_id=format_id, include_vision=include_vision,
+                                                         model_id=model_id, requant_report=requant_report)
     notes = list(geo_notes) + list(device_notes)
     loads_arr = None if loads is None else _load_array(loads, geo)
     trace_arr = None if trace is None else _trace_array(trace, geo)
@@ -286,11 +307,20 @@ def plan(
             f"{PCIE_EFFICIENCY:.0%} of the host links, shared by the batch")
     if per_pass:   # cache mode: the dense stream bounds tokens/s at batch 1 (metrics.binding)
         planner_options = {**planner_options, "dense_stream_s": per_pass}
+    if pp_partition is not None or (mode != "placement" and not _fits(plan_geo, plan_devices)):
+        # cache mode: pipeline stages as vLLM splits the decoder layers (shard.pipeline)
+        planner_options = {**planner_options, "decoder_layers": decoder_layers, "pp_partition": pp_partition}
     result = make_plan(plan_geo, plan_devices, loads_arr, trace=trace_arr, heldout_trace=held_arr,
                        slots_per_gpu=slots_per_gpu, redundant=redundant, mode=mode, format_id=format_id,
                        **planner_options)
+    if pp_partition is not None and result.mode != "cache":
+        raise UsageError("a pipeline partition (--pp-partition) applies to cache plans; this plan is a placement")
     warn = balance_warning(result)
     return dataclasses.replace(result, notes=tuple(result.notes) + tuple(notes) + ((warn,) if warn else ()))
+
+
+def _fits(geo: MoEGeometry, devices: DeviceSet) -> bool:
+    return placement_slot_limit(geo, devices) * devices.num_gpus >= geo.experts
 
 
 def balance_warning(p: Plan) -> str | None:

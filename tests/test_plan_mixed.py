@@ -198,7 +198,7 @@ def test_shard_checks_expert_sizes_against_the_plan(k3_tiny, mixed):
         with pytest.raises(UsageError, match="plan this checkpoint with --format stored"):
             check_plan(src, p, "k3ckpt")
         check_plan(src, planning.plan(ck, "2xH100"), "k3ckpt")
-        with pytest.raises(UnsupportedError, match="layout 'moet' needs MXFP4"):
+        with pytest.raises(UnsupportedError, match="layout 'moet' builds the runtime's NVMe packs from the MXFP4"):
             read_source(ck, moet=True)
 
 

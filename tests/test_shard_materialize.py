@@ -60,8 +60,10 @@ def placement_plan():
 @pytest.fixture(scope="module")
 def cache_plan():
     ds = parse_devices("2xRTX-5090", nvme="1x7", host_dram="1MB")
-    # dense weights fill each GPU but for 4 experts: a real HBM tier, a host tier and NVMe
-    return make_plan(geometry(dense_bytes=2 * (ds.device.hbm_bytes - 4 * EXPERT_BYTES)), ds, loads())
+    # dense weights fill each GPU but for 4 experts: a real HBM tier, a host tier and NVMe;
+    # stages of 3 and 1 decoder layers (VLLM_PP_LAYER_PARTITION=3,1): MoE layers 1-2 | 3
+    return make_plan(geometry(dense_bytes=2 * (ds.device.hbm_bytes - 4 * EXPERT_BYTES)), ds, loads(),
+                     pp_partition=[3, 1])
 
 
 def expert_names(layer, e):

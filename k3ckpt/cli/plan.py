@@ -66,6 +66,18 @@ def _headline(best, dense_stream_s) -> str:
     return f"ceiling {_tps(tps)}, bound by {'NVMe reads' if binding == 'nvme' else 'the host links (PCIe)'} ({experts})"
 
 
+def _stages(counts) -> str:
+    """How the pipeline ranks meet vLLM's stages (``shard.pipeline``)."""
+    if len(counts) < 2:
+        return "pipeline ranks"
+    from ..shard.pipeline import partition_text, pp_counts
+
+    text = partition_text(counts)
+    if list(counts) == pp_counts(sum(counts), len(counts)):
+        return f"pipeline ranks = vLLM's default stages of {text} decoder layers"
+    return f"pipeline ranks of {text} decoder layers: run vLLM with VLLM_PP_LAYER_PARTITION={text}"
+
+
 def _row(label: str, text: str) -> str:
     return f"{label:<16} {text}"
 
@@ -134,7 +146,7 @@ def render_plan(p) -> str:
                "cache: the experts do not fit in HBM")
         lines += [
             _row("mode", f"{why}; per rank an HBM tier, a host-DRAM tier, NVMe"),
-            _row("layers", f"{_layer_ranges(m.layer_ids, c.layer_bounds)} (pipeline ranks)"),
+            _row("layers", f"{_layer_ranges(m.layer_ids, c.layer_bounds)} ({_stages(c.pp_partition)})"),
         ]
         rows = []
         tier_bytes = _tier_bytes(p)
@@ -207,17 +219,18 @@ def build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act
 
 def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads,
                       trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, requant_report=None,
-                      **_ignored):
+                      pp_partition=None, **_ignored):
     """What the command runs, from its parsed options (``src`` may also be a
     ``MoEGeometry``: the docs examples are checked this way without a checkpoint)."""
-    from .. import planning
-
     import dataclasses
+
+    from .. import planning
+    from ..shard.pipeline import parse_partition
 
     ds, dev_notes = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
     p = planning.plan(src, ds, format_id=format_id, requant_report=requant_report, loads=loads, trace=trace,
                       heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
-                      model_id=model_id, seed=seed)
+                      model_id=model_id, seed=seed, pp_partition=parse_partition(pp_partition))
     return dataclasses.replace(p, notes=tuple(p.notes) + tuple(dev_notes)) if dev_notes else p
 
 
@@ -249,7 +262,12 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
               "simulation (default: --trace).")
 @click.option("--redundant", type=int, help="Redundant expert slots per layer (placement mode).")
 @click.option("--slots-per-gpu", type=int, help="Expert slots per GPU (placement mode).")
-@click.option("--mode", type=click.Choice(["auto", "placement", "cache"]), default="auto", show_default=True)
+@click.option("--mode", type=click.Choice(["auto", "placement", "cache"]), default="auto", show_default=True,
+              help="placement (every expert in HBM, EPLB arrays) or cache (HBM / host DRAM / NVMe tiers); auto "
+                   "picks placement when the experts fit.")
+@click.option("--pp-partition", metavar="N,N,...", help="Cache mode: decoder layers per GPU (dense ones included), "
+              "as VLLM_PP_LAYER_PARTITION; set the same variable for vLLM. Default: vLLM's own split "
+              "(get_pp_indices).")
 @click.option("--dense", type=click.Choice(["hbm", "host"]), default="hbm", show_default=True,
               help="Where the non-expert weights live.")
 @click.option("--model-id", help="Model name recorded in the plan (default: the hub id, the config's name, else the "
@@ -258,7 +276,7 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (plan.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the plan without its arrays).")
 def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, requant_report, loads,
-            trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, output, as_json):
+            trace, heldout, redundant, slots_per_gpu, mode, pp_partition, dense, model_id, seed, output, as_json):
     """Place the experts of SRC on a device set, or lay out an expert cache.
 
     SRC is a checkpoint folder, a .safetensors file or an hf:// URL (headers only
@@ -270,7 +288,7 @@ def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act,
                           reserve_kv=reserve_kv, reserve_act=reserve_act, format_id=format_id,
                           requant_report=requant_report, loads=loads, trace=trace, heldout=heldout,
                           redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
-                          model_id=model_id, seed=seed)
+                          model_id=model_id, seed=seed, pp_partition=pp_partition)
     if output:
         write_plan(p, output)
     if as_json:

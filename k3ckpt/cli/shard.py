@@ -104,5 +104,11 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
 
         click.echo(hub_summary(hub_run))
     if r.layout == "moet":
-        click.echo("moet packs are in moet-store/: point VLLM_MOE_W2_STORE_DIR at it and set VLLM_MOE_W2_CKPT_ID "
-                   "to the ckpt_id in rank-*/rank.json")
+        from ..shard.pipeline import partition_text, pp_counts
+
+        counts = list(plan.cache.pp_partition)
+        pp = (f"; run vLLM with VLLM_PP_LAYER_PARTITION={partition_text(counts)} (the plan's stages)"
+              if len(counts) > 1 and counts != pp_counts(sum(counts), len(counts)) else "")
+        click.echo("moet packs are in moet-store/: point VLLM_MOE_W2_STORE_DIR at it, set VLLM_MOE_W2_CKPT_ID "
+                   "to the ckpt_id in rank-*/rank.json, VLLM_MOE_W2=1 and VLLM_MOE_W2_BASE_CACHE_GB above 0 (the "
+                   f"runtime reads packs only then){pp}")

@@ -126,6 +126,10 @@ def check_plan(src: SourceModel, plan: Plan, layout: str) -> None:
     if layout == "moet" and plan.mode != "cache":
         raise UsageError("layout 'moet' writes NVMe packs, which only cache plans have (the runtime refuses EP/EPLB "
                          "placements); use layout 'k3ckpt' for a placement plan")
+    if plan.mode == "cache":
+        from .pipeline import check_stages
+
+        check_stages(src.layers, src.num_hidden_layers, plan, layout)
 
 
 def _sizes(table: np.ndarray) -> str:
@@ -167,6 +171,9 @@ def rank_work(src: SourceModel, plan: Plan, ranks=None) -> list[RankWork]:
         return out
     c = plan.cache
     b = c.layer_bounds
+    from .pipeline import stage_ranges
+
+    stages = stage_ranges(src.num_hidden_layers, plan)
     for r in ranks:
         mine = layers[int(b[r]): int(b[r + 1])]
         pre = c.preload[c.preload[:, 0] == r]
@@ -177,7 +184,8 @@ def rank_work(src: SourceModel, plan: Plan, ranks=None) -> list[RankWork]:
         for layer in mine:  # plan order: HBM tier, host tier (hottest first), then the rest by id
             keys = [(layer, e) for e in range(src.experts)]
             pack.extend(sorted(keys, key=lambda k: (rank_of.get(k, len(rank_of)), k[1])))
-        out.append(RankWork(r, f"rank-{r:05d}", src.dense_for_stage(mine, first=r == 0, last=r == G - 1),
+        dense = src.dense_for_stage(mine, first=r == 0, last=r == G - 1, decoder=stages[r] if stages else None)
+        out.append(RankWork(r, f"rank-{r:05d}", dense,
                             tuple(hbm), tuple(mine), pack=tuple(pack), host=tuple(host)))
     return out
 

@@ -245,6 +245,9 @@ class CacheLayout:
         preload: ``[n, 4]`` rows ``(rank, tier, layer_row, expert)``, tier 0 = HBM,
             1 = host; hottest first within a rank and tier.
         policy: the policy the plan recommends (best simulated, else ``static``).
+        pp_partition: decoder layers per rank (dense ones included), as vLLM's
+            ``get_pp_indices`` or ``VLLM_PP_LAYER_PARTITION`` splits them; ``()`` in
+            plans written before it was recorded.
     """
 
     layer_bounds: np.ndarray
@@ -252,6 +255,7 @@ class CacheLayout:
     host_slots: np.ndarray
     preload: np.ndarray
     policy: str
+    pp_partition: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in ("layer_bounds", "hbm_slots", "host_slots", "preload"):
@@ -281,6 +285,10 @@ class CacheLayout:
                 n = np.bincount(p[p[:, 1] == tier, 0], minlength=G)
                 if (n > cap).any():
                     raise UsageError("cache preload holds more experts than the tier has slots")
+        pp = tuple(int(c) for c in self.pp_partition)
+        if pp and (len(pp) != G or min(pp) < 1):
+            raise UsageError(f"cache pp_partition must hold one positive count per rank ({G})")
+        object.__setattr__(self, "pp_partition", pp)
         from .cache import POLICIES
 
         if self.policy not in POLICIES:
@@ -390,6 +398,7 @@ class Plan:
                 "hbm_slots": c.hbm_slots.tolist(),
                 "host_slots": c.host_slots.tolist(),
                 "preload": c.preload.tolist(),
+                "pp_partition": list(c.pp_partition),
             }
             out["metrics"] = asdict(self.cache_report)
         return out
@@ -479,7 +488,7 @@ def _placement_from_json(p, metrics, num_gpus: int, model: MoEGeometry) -> dict:
 def _cache_from_json(c, metrics) -> dict:
     if not isinstance(c, dict):
         raise UsageError("plan: 'cache' must be an object in cache mode")
-    extra = set(c) - {"policy", "layer_bounds", "hbm_slots", "host_slots", "preload"}
+    extra = set(c) - {"policy", "layer_bounds", "hbm_slots", "host_slots", "preload", "pp_partition"}
     if extra:
         raise UsageError(f"plan: unknown keys {sorted(extra)} in 'cache'")
     pre = c.get("preload", [])
@@ -489,6 +498,7 @@ def _cache_from_json(c, metrics) -> dict:
         host_slots=_int_array(c["host_slots"], "host_slots", 1),
         preload=_int_array(pre, "preload", 2) if len(pre) else np.zeros((0, 4), dtype=np.int64),
         policy=c["policy"],
+        pp_partition=tuple(_int_array(c.get("pp_partition", []), "pp_partition", 1).tolist()),
     )
     _keys(metrics, CacheReport, "metrics")
     rows = []
@@ -521,6 +531,8 @@ def make_plan(
     host_fraction: float = 0.8,
     pcie_efficiency: float = 0.8,
     dense_stream_s: float | None = None,
+    decoder_layers: int | None = None,
+    pp_partition=None,
     **planner_options,
 ) -> Plan:
     """Plan expert placement or an expert cache for ``geometry`` on ``devices``.
@@ -543,6 +555,10 @@ def make_plan(
         pcie_efficiency: achieved / nominal host-link bandwidth for the ceilings.
         dense_stream_s: cache mode, dense weights in host DRAM: seconds to stream
             them to the GPUs once per forward pass; bounds tokens/s at batch 1.
+        decoder_layers, pp_partition: cache mode: the model's decoder layers
+            (default ``max(layer_ids) + 1``) and their counts per rank (default
+            vLLM's ``get_pp_indices`` split, ``shard.pipeline``); each rank runs the
+            MoE layers among its decoder layers, as the runtime's stages create them.
         planner_options: passed to ``placement.plan_placement`` (``drift``, ...), and
             ``step_tokens`` (tokens of one forward step over all GPUs, default 512
             per GPU): with a planning trace the placement is polished for the load
@@ -557,5 +573,6 @@ def make_plan(
     return build_plan(
         geometry, devices, loads, trace=trace, heldout_trace=heldout_trace, slots_per_gpu=slots_per_gpu,
         redundant=redundant, mode=mode, topology=topology, format_id=format_id, host_fraction=host_fraction,
-        pcie_efficiency=pcie_efficiency, dense_stream_s=dense_stream_s, **planner_options,
+        pcie_efficiency=pcie_efficiency, dense_stream_s=dense_stream_s, decoder_layers=decoder_layers,
+        pp_partition=pp_partition, **planner_options,
     )

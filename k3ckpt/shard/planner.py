@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..errors import UsageError
-from .cache import ONLINE, POLICIES, RankCache, hot_order, simulate_rank, split_layers
+from .cache import ONLINE, POLICIES, RankCache, hot_order, simulate_rank
 from .devices import DeviceSet
 from .loads import check_loads, check_trace
 from .placement import balancedness, gpu_loads, lower_bound, plan_placement
@@ -63,7 +63,7 @@ def slot_budget(
 
 def build_plan(
     geometry, devices, loads, *, trace, heldout_trace, slots_per_gpu, redundant, mode, topology, format_id,
-    host_fraction, pcie_efficiency, dense_stream_s=None, **planner_options,
+    host_fraction, pcie_efficiency, dense_stream_s=None, decoder_layers=None, pp_partition=None, **planner_options,
 ) -> Plan:
     if not isinstance(geometry, MoEGeometry) or not isinstance(devices, DeviceSet):
         raise UsageError("make_plan needs a MoEGeometry and a DeviceSet")
@@ -85,8 +85,9 @@ def build_plan(
                                format_id, planner_options)
     if slots_per_gpu is not None or redundant is not None or planner_options:
         raise UsageError("slot budgets and planner options apply to placement mode only")
+    stages = (geometry.layer_ids[-1] + 1 if decoder_layers is None else int(decoder_layers), pp_partition)
     return _cache_plan(geometry, devices, loads, heldout_trace, format_id, host_fraction, pcie_efficiency,
-                       dense_stream_s)
+                       dense_stream_s, stages)
 
 
 FACTOR_BLOCK_TOKENS = 32
@@ -150,13 +151,16 @@ def _placement_plan(geometry, devices, loads, trace, heldout, slots_per_gpu, red
                 placement_report=report)
 
 
-def _cache_layout(geometry, devices, loads, host_fraction):
+def _cache_layout(geometry, devices, loads, host_fraction, decoder_layers, partition):
+    from .pipeline import moe_bounds
+
     G, L, E, eb = devices.num_gpus, geometry.moe_layers, geometry.experts, geometry.expert_bytes
     if not 0 <= host_fraction <= 1:
         raise UsageError(f"host_fraction must lie in [0, 1], found {host_fraction}")
     if G > L:
         raise UsageError(f"cache mode runs whole layers per GPU: {G} GPUs exceed {L} MoE layers")
-    bounds = split_layers(L, G)
+    # pipeline stages as vLLM creates them (the runtime keys a stage's MoE layers by creation order)
+    bounds = moe_bounds(geometry.layer_ids, decoder_layers, G, partition)
     dense_share = -(-geometry.dense_bytes // G)
     free = devices.device.hbm_bytes - devices.reserved_bytes - dense_share
     hbm = free // eb if free > 0 else 0
@@ -251,8 +255,12 @@ def binding_ceiling(best, dense_stream_s: float | None = None) -> tuple[float | 
     return float(x), name
 
 
-def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pcie_efficiency, dense_stream_s=None):
-    bounds, ranks, preload = _cache_layout(geometry, devices, loads, host_fraction)
+def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pcie_efficiency, dense_stream_s=None,
+                stages=None):
+    from .pipeline import pp_counts
+
+    decoder_layers, partition = stages or (geometry.layer_ids[-1] + 1, None)
+    bounds, ranks, preload = _cache_layout(geometry, devices, loads, host_fraction, decoder_layers, partition)
     k, eb = geometry.top_k, geometry.expert_bytes
     from .cache import TierStats
 
@@ -312,5 +320,6 @@ def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pci
         host_slots=np.array([rc.host_slots for rc in ranks]),
         preload=preload,
         policy=best.policy,
+        pp_partition=tuple(pp_counts(decoder_layers, devices.num_gpus, partition)),
     )
     return Plan(model=geometry, devices=devices, mode="cache", format_id=format_id, cache=layout, cache_report=report)

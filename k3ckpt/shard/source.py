@@ -96,11 +96,12 @@ class SourceModel:
     def nbytes(self, name: str) -> int:
         return self._ckpt.entry(name).nbytes
 
-    def dense_for_stage(self, moe_layers, *, first: bool, last: bool) -> tuple[str, ...]:
-        """Dense tensors of a pipeline stage running ``moe_layers``: decoder layers after the
-        previous stage's last MoE layer up to its own last one (all remaining ones on the
-        last stage); embeddings and vision on the first stage, other non-layer tensors on
-        the last."""
+    def dense_for_stage(self, moe_layers, *, first: bool, last: bool, decoder=None) -> tuple[str, ...]:
+        """Dense tensors of a pipeline stage running ``moe_layers``: its decoder layers
+        ``decoder = (start, stop)`` as vLLM's partition gives them, or without it the
+        layers after the previous stage's last MoE layer up to its own last one (all
+        remaining ones on the last stage); embeddings and vision on the first stage,
+        other non-layer tensors on the last."""
         moe_layers = list(moe_layers)
         if not moe_layers:
             return ()
@@ -112,6 +113,8 @@ class SourceModel:
             layer, role = self._where[name]
             if layer is None:
                 keep = first if role in _FIRST_RANK_ROLES else last
+            elif decoder is not None:
+                keep = decoder[0] <= layer < decoder[1]
             else:
                 keep = lo < layer <= hi or (last and layer > hi) or (first and layer <= lo)
             if keep:

@@ -142,7 +142,8 @@ def test_bf16_tensors_keep_their_bytes_and_experts_decode_to_the_source(mxfp4_fi
     fused = np.asarray(ts["blk.0.ffn_res_score.weight"].data)
     np.testing.assert_array_equal(fused, norm.view(np.float32) * proj.view(np.float32).reshape(-1))
     a_log = ckpt.read_raw("language_model.model.layers.0.self_attn.A_log")
-    np.testing.assert_array_equal(np.asarray(ts["blk.0.ssm_a"].data), -np.exp(a_log[:2]))
+    np.testing.assert_array_equal(np.asarray(ts["blk.0.ssm_a"].data),
+                                  (-np.exp(a_log[:2].astype(np.float64))).astype(np.float32))
 
 
 def test_kv_b_split_matches_a_per_head_reshape(mxfp4_file):

@@ -90,7 +90,10 @@ def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
         a, b = (_as_f32(x, e.dtype).reshape(-1) for x, e in zip(raws, entries))
         yield float_bytes(a * b, t)
     elif r.kind == "neg_exp":
-        yield float_bytes(-np.exp(_as_f32(raws[0], entries[0].dtype).reshape(-1)[:r.arg]), t)
+        # float64 then rounded: numpy's float32 exp is off by an ulp for about 40% of inputs (SIMD
+        # paths); the rounded double is the correctly rounded value torch's exp also aims at
+        a = _as_f32(raws[0], entries[0].dtype).reshape(-1)[:r.arg].astype(np.float64)
+        yield float_bytes((-np.exp(a)).astype(np.float32), t)
     elif r.kind in ("k_b", "v_b"):
         heads = r.arg
         raw = raws[0].reshape(heads, -1, raws[0].shape[-1])           # [heads, nope + v, kv_lora]

@@ -1,0 +1,219 @@
+"""llama.cpp itself is the judge of our GGUF files.
+
+Needs what `.ci/run` installs: `llama-cpp-python==0.3.36` built from its sdist
+(libllama and libggml for the CPU), and that sdist unpacked, named by
+K3CKPT_LLAMA_CPP_SRC (its `vendor/llama.cpp`: the converter and its gguf-py),
+plus torch and transformers for the converter. Without them these tests skip
+and say why; with K3CKPT_REQUIRE_LLAMA_CPP=1 (CI) a missing piece fails instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from k3ckpt.gguf import container as C
+from k3ckpt.gguf.convert import write_gguf
+from k3ckpt.gguf.writer import GGUFWriter
+from k3ckpt.io.reader import open_checkpoint
+
+SRC_ENV = "K3CKPT_LLAMA_CPP_SRC"
+TOKENS = [1, 5, 77, 300, 12, 99, 256, 45, 3, 400]
+
+
+def _need(what: str):
+    if os.environ.get("K3CKPT_REQUIRE_LLAMA_CPP") == "1":
+        pytest.fail(f"llama.cpp check required but {what}")
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        _need("llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36 builds it, ~9 min)")
+    return llama_cpp
+
+
+@pytest.fixture(scope="module")
+def converter_dir():
+    src = os.environ.get(SRC_ENV)
+    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
+        _need(f"{SRC_ENV} does not name an unpacked llama.cpp tree (the sdist's vendor/llama.cpp)")
+    for mod in ("torch", "transformers"):
+        try:
+            __import__(mod)
+        except ImportError:
+            _need(f"llama.cpp's converter needs {mod} (the interop extra)")
+    return Path(src)
+
+
+# The converter, run unmodified except for its vocabulary: its Kimi path loads the tokenizer with
+# trust_remote_code, which k3ckpt never does, so set_vocab is replaced by one built from the
+# checkpoint's tiktoken.model with k3ckpt's own reader (the same tokens and merges it derives).
+HARNESS = """
+import sys
+from pathlib import Path
+llama = Path(sys.argv[1])
+sys.path[:0] = [str(llama), str(llama / "gguf-py")]
+import gguf
+import convert_hf_to_gguf
+from conversion import kimi_k3
+from k3ckpt.gguf.vocab import kimi_vocab
+
+def set_vocab(self):
+    v = kimi_vocab(self.dir_model, self.hparams["vocab_size"])
+    w = self.gguf_writer
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("kimi-k2")
+    w.add_token_list(list(v.tokens))
+    w.add_token_types(list(v.token_types))
+    if v.merges:
+        w.add_token_merges(list(v.merges))
+    gguf.SpecialVocab(self.dir_model, load_merges=False).add_to_gguf(w)
+    if (eos := self.hparams.get("eos_token_id")) is not None:
+        w.add_eos_token_id(eos)
+
+kimi_k3.KimiK3Model.set_vocab = set_vocab
+sys.argv = ["convert_hf_to_gguf.py", sys.argv[2], "--outfile", sys.argv[3], "--outtype", "bf16"]
+convert_hf_to_gguf.main()
+"""
+
+
+@pytest.fixture(scope="module")
+def converted(k3_tiny, converter_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("llama-converter") / "k3-tiny.gguf"
+    proc = subprocess.run([sys.executable, "-c", HARNESS, str(converter_dir), str(k3_tiny), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ours(k3_tiny, tmp_path_factory):
+    ckpt = open_checkpoint(k3_tiny)
+    d = tmp_path_factory.mktemp("ours")
+    return {t: write_gguf(ckpt, d / f"k3-tiny-{t}.gguf", expert_type=t).paths[0] for t in ("mxfp4", "iq2_xs")}
+
+
+def _tensors(path):
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+def _bytes(t) -> bytes:
+    return bytes(np.asarray(t.data).reshape(-1).view(np.uint8))
+
+
+def _fields(path):
+    r = gguf.GGUFReader(path)
+    return {k: ([int(x) for x in f.types], f.contents()) for k, f in r.fields.items()
+            if not k.startswith(("GGUF.", "general."))}
+
+
+def _logits(llama_cpp, path) -> np.ndarray:
+    m = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=64, n_threads=2, seed=0)
+    m.eval(TOKENS)
+    out = np.array(m.scores[:len(TOKENS)], dtype=np.float32)
+    m.close()
+    return out
+
+
+def test_same_tensors_bytes_and_metadata_as_llama_cpps_converter(converted, ours):
+    want, got = _tensors(converted), _tensors(ours["mxfp4"])
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        g = got[name]
+        assert (g.tensor_type, list(g.shape)) == (t.tensor_type, list(t.shape)), name
+        assert _bytes(g) == _bytes(t), name
+    assert _fields(ours["mxfp4"]) == _fields(converted)
+    general = gguf.GGUFReader(ours["mxfp4"]).fields
+    assert general["general.architecture"].contents() == "kimi-k3"
+    assert general["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_MXFP4_MOE
+
+
+def test_llama_cpp_gives_identical_logits_on_both_files(llama_cpp, converted, ours):
+    a, b = _logits(llama_cpp, converted), _logits(llama_cpp, ours["mxfp4"])
+    assert np.isfinite(a).all() and a.std() > 0
+    np.testing.assert_array_equal(a, b)
+
+
+def _ggml_to_float(llama_cpp, ggml_type: int, raw: bytes, n: int) -> np.ndarray:
+    """libggml's own decoder for ``ggml_type`` (its type traits' to_float), through ctypes."""
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+
+    class Traits(ctypes.Structure):
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                    ("from_float_ref", ctypes.c_void_p)]
+
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    traits = lib.ggml_get_type_traits(ctypes.c_int(ggml_type)).contents
+    assert traits.type_name.decode().lower() == gguf.GGMLQuantizationType(ggml_type).name.lower()
+    to_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(traits.to_float)
+    src = np.frombuffer(raw, np.uint8).copy()
+    out = np.empty(n, np.float32)
+    to_float(src.ctypes.data, out.ctypes.data, n)
+    return out
+
+
+def test_ggml_decodes_our_iq2_xs_experts_to_what_our_decoder_gives(llama_cpp, ours):
+    from k3ckpt.formats.iq2xs import decode_iq2xs
+
+    t = _tensors(ours["iq2_xs"])["blk.2.ffn_gate_exps.weight"]
+    assert t.tensor_type == gguf.GGMLQuantizationType.IQ2_XS
+    raw = _bytes(t)
+    n = int(np.prod([int(d) for d in t.shape]))
+    ggml = _ggml_to_float(llama_cpp, int(t.tensor_type), raw, n)
+    mine = decode_iq2xs(np.frombuffer(raw, np.uint8).reshape(-1, 74)).reshape(-1)
+    np.testing.assert_array_equal(ggml, mine)
+
+
+def _f32_expert_copy(src: Path, dst: Path) -> Path:
+    """``src`` with every IQ2_XS tensor replaced by F32 holding our decode of its bytes."""
+    from k3ckpt.formats.iq2xs import decode_iq2xs
+
+    r = gguf.GGUFReader(src)
+    kvs = []
+    for k, f in r.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        kind = int(f.types[0])
+        if kind == C.ARRAY:
+            kvs.append(C.KV(k, kind, f.contents(), int(f.types[1])))
+        else:
+            kvs.append(C.KV(k, kind, f.contents()))
+    infos, data = [], []
+    for t in r.tensors:
+        shape = tuple(int(d) for d in t.shape)[::-1]
+        raw = _bytes(t)
+        if t.tensor_type == gguf.GGMLQuantizationType.IQ2_XS:
+            x = decode_iq2xs(np.frombuffer(raw, np.uint8).reshape(-1, 74)).astype(np.float32)
+            infos.append(C.TensorInfo(t.name, int(gguf.GGMLQuantizationType.F32), shape))
+            data.append(x.tobytes())
+        else:
+            infos.append(C.TensorInfo(t.name, int(t.tensor_type), shape))
+            data.append(raw)
+    with GGUFWriter(dst, kvs, infos) as w:
+        for i, d in zip(infos, data):
+            w.write(i.name, d)
+    return dst
+
+
+def test_llama_cpp_runs_iq2_xs_experts_as_we_decode_them(llama_cpp, ours, tmp_path):
+    """The IQ2_XS file runs, and its logits are those of its own decoded values (an F32 copy)
+    far more than those of the MXFP4 model it was cut from."""
+    f32 = _f32_expert_copy(ours["iq2_xs"], tmp_path / "iq2_xs-as-f32.gguf")
+    iq2, dec, mx = (_logits(llama_cpp, p) for p in (ours["iq2_xs"], f32, ours["mxfp4"]))
+    assert np.isfinite(iq2).all()
+    to_decoded = np.abs(iq2 - dec).max()
+    to_mxfp4 = np.abs(iq2 - mx).max()
+    assert to_decoded < to_mxfp4, (to_decoded, to_mxfp4)

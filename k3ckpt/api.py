@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import K3ckptError, NotFoundError
+from .errors import K3ckptError, NotFoundError, UsageError
 from .io.reader import Checkpoint, open_checkpoint
 
 # Boolean CLI flags and what a Python caller passes instead; other ``--name`` become ``name=``.
@@ -154,6 +154,34 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
     with open_source(src) as ckpt:
         return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress,
                                   max_shard_bytes=shard, dry_run=dry_run)
+
+
+@_for_python
+def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
+         split_max_size: int | str | None = "48GB", dry_run: bool = False, progress: bool = False):
+    """Write a GGUF file (or splits) that llama.cpp's ``kimi-k3`` runs, from a K3 checkpoint folder
+    (``GGUFResult``).
+
+    Args:
+        expert_type: ggml type of the routed experts: ``iq2_xs`` (our encoder), ``mxfp4`` (a lossless
+            repack, as llama.cpp's converter writes it), ``q8_0``, ``bf16``, ``f16``, ``f32``; any case.
+        outtype: ``bf16``, ``f16``, ``q8_0`` or ``f32`` for every other tensor that is not kept in
+            float32 (default: as the converter writes them: BF16 stays BF16, byte for byte).
+        split_max_size: most tensor bytes per file, bytes or a size with a unit; ``None``: one file.
+            Several files are named ``OUT-00001-of-0000N.gguf``, as llama.cpp's gguf-split names them.
+        dry_run: plan from headers and write nothing; the result lists the files and bytes.
+        progress: a tqdm bar on stderr.
+    """
+    from .gguf.convert import write_gguf
+    from .hub import is_hub_url
+
+    if is_hub_url(str(src)):
+        raise UsageError("k3ckpt gguf reads a local K3 folder so far (its tiktoken.model and tokenizer_config.json "
+                         "with it); download the checkpoint first")
+    with open_source(src) as ckpt:
+        return write_gguf(ckpt, out, expert_type=expert_type, outtype=outtype,
+                          split_max_bytes=_size(split_max_size, "split_max_size"), dry_run=dry_run,
+                          progress=progress)
 
 
 @_for_python

@@ -34,17 +34,30 @@ def ggml_type(name: str, table: dict[str, int], option: str) -> int:
     return table[key]
 
 
+DEFAULT_SPLIT_BYTES = 48 * 10**9     # below the Hub's 50 GB per-file limit; K3 at IQ2_XS is ~17 splits
+
+
 @dataclass(frozen=True)
 class GGUFResult:
+    """What ``gguf`` wrote (or, with ``dry_run``, would write)."""
+
     paths: tuple[Path, ...]
     tensors: int
     bytes_written: int
     bytes_by_type: dict[str, int] = field(repr=False)
     skipped: tuple[str, ...] = field(repr=False)
+    dry_run: bool = False
+    free_bytes: int | None = None      # on the output's filesystem, for a dry run
 
     def __repr__(self) -> str:
-        return (f"GGUFResult({len(self.paths)} file(s), {self.tensors} tensors, {self.bytes_written:,} bytes, "
+        verb = "would write" if self.dry_run else "wrote"
+        return (f"GGUFResult({verb} {len(self.paths)} file(s), {self.tensors} tensors, {self.bytes_written:,} bytes, "
                 f"{len(self.skipped)} source tensors skipped)")
+
+    def to_dict(self) -> dict:
+        return {"dry_run": self.dry_run, "paths": [str(p) for p in self.paths], "tensors": self.tensors,
+                "bytes": self.bytes_written, "bytes_by_type": dict(self.bytes_by_type),
+                "skipped": list(self.skipped), "free_bytes": self.free_bytes}
 
 
 def tokenizer_metadata(model_dir: str | os.PathLike, vocab_size: int) -> list[C.KV]:
@@ -89,9 +102,13 @@ def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):
 
 
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
-               split_max_bytes: int | None = None, progress: bool = False) -> GGUFResult:
-    """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``; see the module docstring."""
+               split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False,
+               progress: bool = False) -> GGUFResult:
+    """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``; see the module docstring.
+    ``dry_run``: the files, tensors and bytes it would write, checked against the free space."""
     from tqdm import tqdm
+
+    from ..io.writer import free_bytes, free_space_for
 
     kvs, planned, skipped = plan_gguf(ckpt, expert_type=expert_type, outtype=outtype)
     by_type: dict[str, int] = {}
@@ -99,9 +116,12 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
         name = C.type_name(p.info.ggml_type)
         by_type[name] = by_type.get(name, 0) + p.info.nbytes
     infos = [p.info for p in planned]
-    total = sum(i.nbytes for i in infos)
-    with GGUFWriter(out, kvs, infos, split_max_bytes=split_max_bytes) as w, \
-            tqdm(total=total, unit="B", unit_scale=True, desc="gguf", disable=not progress) as bar:
+    w = GGUFWriter(out, kvs, infos, split_max_bytes=split_max_bytes)
+    if dry_run:
+        return GGUFResult(tuple(w.paths), len(infos), w.total_size, by_type, tuple(skipped), dry_run=True,
+                          free_bytes=free_bytes(Path(out).parent))
+    free_space_for(out, w.total_size)
+    with w, tqdm(total=w.total_size, unit="B", unit_scale=True, desc="gguf", disable=not progress) as bar:
         for p in planned:
             for piece in tensor_pieces(ckpt, p):
                 w.write(p.info.name, piece)

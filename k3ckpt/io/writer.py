@@ -30,13 +30,17 @@ from .header import build_header, read_header
 _FILE_MODE = 0o644  # safetensors 0.8.0 writes 0600 (issue #782); we want shareable files
 
 
-def free_space_for(path: str | os.PathLike, need: int) -> None:
-    """``DiskSpaceError`` unless the filesystem that holds ``path`` (or will: its nearest
-    existing parent) has ``need`` bytes free."""
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free bytes on the filesystem that holds ``path`` (or will: its nearest existing parent)."""
     p = Path(path).absolute()
     while not p.exists():
         p = p.parent
-    free = shutil.disk_usage(p).free
+    return shutil.disk_usage(p).free
+
+
+def free_space_for(path: str | os.PathLike, need: int) -> None:
+    """``DiskSpaceError`` unless the filesystem that holds ``path`` (or will) has ``need`` bytes free."""
+    free = free_bytes(path)
     if need > free:
         raise DiskSpaceError(f"output needs {need:,} bytes but only {free:,} are free", file=str(path))
 

@@ -179,3 +179,12 @@ def test_iq2_xs_experts_split_files(k3_tiny, tmp_path):
     assert _raw(t)[3 * per:4 * per] == ours.tobytes()
     assert res.bytes_by_type["IQ2_XS"] == 9 * 8 * per
     assert sorted(seen) == sorted(n for n, _, _ in GOLDEN["tensors"])
+
+
+def test_tensors_copied_in_row_chunks_give_the_same_file(k3_tiny, tmp_path, monkeypatch, mxfp4_file):
+    from k3ckpt.gguf import produce
+    from k3ckpt.gguf.convert import write_gguf
+
+    monkeypatch.setattr(produce, "CHUNK_BYTES", 1000)       # many chunks per tensor, rows cut unevenly
+    res = write_gguf(open_checkpoint(k3_tiny), tmp_path / "chunked.gguf", expert_type="mxfp4")
+    assert res.paths[0].read_bytes() == mxfp4_file[1].paths[0].read_bytes()

@@ -19,6 +19,7 @@ from .container import type_name
 from .kimi_k3 import BF16, F16, F32, MXFP4, Planned, Q8_0
 
 IQ2_XS = 17          # ggml type ids (gguf.GGMLQuantizationType)
+CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
 
 # ggml type -> k3ckpt format that encodes an MXFP4 expert straight into ggml's block bytes
 _FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs"}
@@ -83,10 +84,18 @@ def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
             yield _expert(ckpt, r.sources[e * per:(e + 1) * per], p.source_dtype, t)
         return
     entries = [ckpt.tensors[s] for s in r.sources]
+    if r.kind == "copy":            # row chunks: K3's embedding and output are 2.35 GB each in BF16
+        e, src = entries[0], r.sources[0]
+        if len(e.shape) < 2:
+            yield _copy_bytes(ckpt.read_raw(src), e.dtype, t)
+            return
+        rows = e.shape[0]
+        step = max(1, CHUNK_BYTES * rows // max(1, e.nbytes))
+        for r0 in range(0, rows, step):
+            yield _copy_bytes(ckpt.read_rows(src, r0, min(rows, r0 + step)), e.dtype, t)
+        return
     raws = [ckpt.read_raw(s) for s in r.sources]
-    if r.kind == "copy":
-        yield _copy_bytes(raws[0], entries[0].dtype, t)
-    elif r.kind == "fuse":        # <x>_res_norm * <x>_res_proj, in float32 as the converter multiplies them
+    if r.kind == "fuse":        # <x>_res_norm * <x>_res_proj, in float32 as the converter multiplies them
         a, b = (_as_f32(x, e.dtype).reshape(-1) for x, e in zip(raws, entries))
         yield float_bytes(a * b, t)
     elif r.kind == "neg_exp":

@@ -52,7 +52,7 @@ def _for_python(fn):
             if _in_cli() or "--" not in e.detail:
                 raise
             try:
-                again = type(e)(_python_terms(e.detail), file=e.file, tensor=e.tensor)
+                again = type(e)(_python_terms(e.detail), file=e.file, tensor=e.tensor, hint=e.hint)
             except TypeError:   # a kind with its own constructor: keep it as it is
                 raise e from None
             raise again.with_traceback(e.__traceback__) from None

@@ -103,3 +103,17 @@ def test_requant_result_prints_a_summary_with_the_figures_people_look_for(k3_tin
     assert doc["snr_db"] == r.snr_db and doc["bytes_written"] == r.bytes_written
     dry = api.requant(k3_tiny, tmp_path / "dry", dry_run=True)
     assert len(repr(dry)) < 1000 and "dry run" in repr(dry) and dry.bytes_written == 0
+
+
+def test_rewording_for_python_keeps_the_errors_hint():
+    from k3ckpt.api import _for_python
+    from k3ckpt.errors import Hint, UsageError
+
+    @_for_python
+    def fails():
+        raise UsageError("--max-disk is too small", hint=Hint("overwrite", True, "to replace it"))
+
+    with pytest.raises(UsageError) as e:
+        fails()
+    assert e.value.hint == Hint("overwrite", True, "to replace it")
+    assert str(e.value) == "max_disk is too small; pass overwrite=True to replace it"

@@ -98,6 +98,38 @@ def test_moet_layout_on_a_requant_output_names_the_real_reason(k3_tiny, plans, t
     assert "gate scale" not in err and not (tmp_path / "o").exists()
 
 
+def test_shard_dry_run_writes_nothing_and_matches_the_run(k3_tiny, plans, tmp_path, capsys, monkeypatch):
+    dry, out = tmp_path / "dry", tmp_path / "out"
+    args = ["--plan", str(plans / "cache.json"), "-q"]
+    assert main(["shard", str(k3_tiny), str(dry), *args, "--dry-run", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert not dry.exists() and d["dry_run"] is True and d["fits"] is True
+    assert [r["folder"] for r in d["ranks"]] == ["rank-00000", "rank-00001"]
+    assert main(["shard", str(k3_tiny), str(out), *args, "--json"]) == 0
+    real = json.loads(capsys.readouterr().out)
+    on_disk = sorted(p for p in out.rglob("*") if p.is_file())
+    assert d["files"] == len(on_disk)
+    for r, s in zip(d["ranks"], real["ranks"], strict=True):
+        assert (r["tensors"], r["experts"], r["pack_records"]) == (s["tensors"], s["experts"], s["pack_records"])
+        assert r["shards"] == len(list((out / r["folder"]).glob("*.safetensors")))
+        assert r["pack_bytes"] == (out / r["folder"] / "experts.pack").stat().st_size
+    data = sum(r["tensor_bytes"] + r["pack_bytes"] for r in d["ranks"])
+    assert data <= real["bytes_written"] <= d["total_bytes"]   # headers and JSON within the per-rank slack
+    # the text form, and a disk too small: exit 2, still nothing written
+    assert main(["shard", str(k3_tiny), str(dry), *args, "--dry-run"]) == 0
+    assert "nothing written (--dry-run)" in capsys.readouterr().out
+    import k3ckpt.shard.dryrun as dr
+
+    monkeypatch.setattr(dr, "_free", lambda _dst: 1000)
+    assert main(["shard", str(k3_tiny), str(dry), *args, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"output needs {d['total_bytes']:,} bytes but only 1,000 are free" in err and not dry.exists()
+    # the checks of a real run: a placement plan has no moet packs
+    assert main(["shard", str(k3_tiny), str(dry), "--plan", str(plans / "placement.json"), "--layout", "moet",
+                 "--dry-run"]) == 2
+    assert "cache plans" in capsys.readouterr().err and not dry.exists()
+
+
 def test_shard_sizes_need_a_unit(k3_tiny, plans, tmp_path, capsys):
     assert main(["shard", str(k3_tiny), str(tmp_path / "o"), "--plan", str(plans / "placement.json"),
                  "--max-shard-size", "5000000", "-q"]) == 2

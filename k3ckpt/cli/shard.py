@@ -26,6 +26,33 @@ def _ranks(text: str | None):
     return sorted(out)
 
 
+def _dry_run(src, dst, plan, options, as_json) -> None:
+    """``--dry-run``: headers only (an hf:// source is read by range requests), nothing written."""
+    from dataclasses import asdict
+
+    from .. import api
+    from ..errors import DiskSpaceError
+    from ..shard.dryrun import shard_dry_run
+
+    kw = {k: v for k, v in options.items() if k != "progress"}
+    with api.open_source(src) as ckpt:
+        r = shard_dry_run(ckpt, plan, dst, **kw)
+    if as_json:
+        echo_json({**asdict(r), "files": r.files, "dry_run": True})
+    else:
+        rows = [(x.rank, x.folder, x.tensors, x.shards, human_bytes(x.tensor_bytes),
+                 (x.packs[0] + (f" (+{len(x.packs) - 1} more)" if len(x.packs) > 1 else "")) if x.packs else "-",
+                 x.pack_records, human_bytes(x.pack_bytes)) for x in r.ranks[:16]]
+        click.echo(table(rows, ["rank", "folder", "tensors", "shards", "tensor bytes", "packs", "records",
+                                "pack bytes"], "rlrrrlrr"))
+        if len(r.ranks) > 16:
+            click.echo(f"... {len(r.ranks) - 16} more rank(s)")
+        click.echo(f"would write {r.dst}: {r.mode} plan, layout {r.layout}, {len(r.ranks)} rank(s), {r.files} file(s), "
+                   f"{human_bytes(r.total_bytes)}; {human_bytes(r.free_bytes)} free there; nothing written (--dry-run)")
+    if not r.fits:
+        raise DiskSpaceError(f"output needs {r.total_bytes:,} bytes but only {r.free_bytes:,} are free", file=dst)
+
+
 def load_plan(path: str):
     from ..errors import NotFoundError
     from ..shard.plan import Plan
@@ -57,10 +84,12 @@ def load_plan(path: str):
 @click.option("--staging", default=None, metavar="DIR",
               help="hf:// source: download shards here (default DST/.k3ckpt-staging).")
 @click.option("--keep-source", is_flag=True, help="hf:// source: keep the downloaded shards.")
+@click.option("--dry-run", is_flag=True, help="Print what each rank would get (files, bytes) and check DST's free "
+              "space; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode, tp, max_shard, max_disk, staging,
-            keep_source, as_json, quiet):
+            keep_source, dry_run, as_json, quiet):
     """Write DST from SRC as PLAN says: rank-NNNNN/ folders (safetensors + index), NVMe
     expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md)."""
     from .. import api
@@ -73,6 +102,8 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
                             private=False, revision=None)
     options = dict(layout=layout, ranks=_ranks(ranks), progress=not quiet and sys.stderr.isatty(), ckpt_id=ckpt_id,
                    tag=tag, zero_mode=zero_mode, tp=tp, max_shard_bytes=parse_bytes(max_shard, "--max-shard-size"))
+    if dry_run:
+        return _dry_run(src, dst, plan, options, as_json)
     hub_run = None
     if stage is not None:  # hf:// source: download shard by shard, convert, delete
         from ..hub.convert import shard_from_hub

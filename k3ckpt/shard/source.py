@@ -129,13 +129,22 @@ class SourceModel:
         out.sort(key=lambda t: t[0])
         return out
 
+    def _layer_anchors(self) -> dict[int, int]:
+        """Source position of each layer's first expert tensor, computed once: every rank
+        asks (64 ranks over K3's 82,432 experts made it O(ranks x experts))."""
+        anchor = self.__dict__.get("_anchors")
+        if anchor is None:
+            anchor = {}
+            for (layer, _), g in self._groups.items():
+                pos = min(self._index[n] for n, _, _ in g)
+                anchor[layer] = min(anchor.get(layer, pos), pos)
+            object.__setattr__(self, "_anchors", anchor)
+        return anchor
+
     def spec_order(self, dense, experts) -> list[str]:
         """Tensor names of a rank in file order: source order, except that a layer's experts
         come together (where the layer's first expert tensor is) in the given order."""
-        anchor: dict[int, int] = {}
-        for (layer, _), g in self._groups.items():
-            pos = min(self._index[n] for n, _, _ in g)
-            anchor[layer] = min(anchor.get(layer, pos), pos)
+        anchor = self._layer_anchors()
         rows = [(self._index[n], 0, 0, n) for n in dense]
         for i, key in enumerate(experts):
             for j, (n, _, _) in enumerate(self._groups[tuple(key)]):

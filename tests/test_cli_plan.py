@@ -384,3 +384,18 @@ def test_plan_names_the_model_from_its_profile(k3_tiny, capsys):
     assert text.startswith("model            Kimi K3 (LatentMoE, MXFP4 experts): 3 MoE layers x 8 experts, top-2")
     rc, text, err = run_cli([k3_tiny, "--devices", "8xH100", "--model-id", "me/k3-tiny"], capsys)
     assert text.startswith("model            me/k3-tiny: ")
+
+
+@pytest.mark.parametrize("name", ["plan", "shard"])
+def test_every_option_has_help_and_help_has_examples(name, capsys):
+    """Every option of plan and shard says what it does; --help shows one or two examples."""
+    from k3ckpt.cli.plan import command as plan_cmd
+    from k3ckpt.cli.shard import command as shard_cmd
+
+    cmd = {"plan": plan_cmd, "shard": shard_cmd}[name]
+    missing = [o.opts[0] for o in cmd.params if o.param_type_name == "option" and not o.help]
+    assert missing == []
+    assert main([name, "--help"]) == 0
+    text = capsys.readouterr().out
+    examples = [ln.strip() for ln in text.split("Examples:")[1].split("Options:")[0].splitlines() if ln.strip()]
+    assert 1 <= len(examples) <= 2 and all(ln.startswith(f"k3ckpt {name} ") for ln in examples)

@@ -283,6 +283,12 @@ def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act,
     are read). With every expert fitting in HBM the plan is a placement
     (EPLB-compatible arrays); otherwise an HBM / host-DRAM / NVMe cache with
     simulated hit rates.
+
+    Examples:
+
+    \b
+      k3ckpt plan K3 --devices 64xGB200 -o plan.json
+      k3ckpt plan K3 --devices 2xRTX-5090 --nvme 2x14@4TB --host-dram 512GB --dense host -o plan.json
     """
     p = plan_from_options(src, devices=devices, device_file=device_file, nvme=nvme, host_dram=host_dram,
                           reserve_kv=reserve_kv, reserve_act=reserve_act, format_id=format_id,

@@ -91,7 +91,14 @@ def load_plan(path: str):
 def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode, tp, max_shard, max_disk, staging,
             keep_source, dry_run, as_json, quiet):
     """Write DST from SRC as PLAN says: rank-NNNNN/ folders (safetensors + index), NVMe
-    expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md)."""
+    expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md).
+
+    Examples:
+
+    \b
+      k3ckpt shard K3 out --plan plan.json --dry-run
+      k3ckpt shard K3 out --plan plan.json --layout moet --tp 4 --ckpt-id k3-base
+    """
     from .. import api
     from ..hub.options import hub_run_options
     from ..units import parse_size as parse_bytes

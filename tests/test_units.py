@@ -23,6 +23,6 @@ def test_sizes_without_a_unit_are_refused():
 def test_requant_dry_run_estimate_is_a_human_duration(k3_tiny, tmp_path, capsys):
     assert main(["requant", str(k3_tiny), str(tmp_path / "o"), "--format", "moet-w2", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    m = re.search(r"estimated (\S+) (\S+); nothing written", out)
-    assert m and m.group(2) in ("ms", "s", "min", "h", "d"), out
+    m = re.search(r"estimated (?:about )?([0-9.]+) (ms|s|min|h|d)\b", out)
+    assert m, out
     assert not (tmp_path / "o").exists()

@@ -38,6 +38,15 @@ def test_requant_dry_run_on_the_virtual_k3(virtual_k3, tmp_path):
     assert r.plan.total_bytes == r.plan.out_bytes + COPIED_BYTES
 
 
+def test_gguf_dry_run_on_the_virtual_k3(virtual_k3, tmp_path):
+    r = api.gguf(virtual_k3, tmp_path / "K3-IQ2_XS.gguf", dry_run=True)
+    assert r.dry_run and list(tmp_path.iterdir()) == []
+    assert r.bytes_by_type["IQ2_XS"] == PARAMS * 74 // 256 == 787_042_271_232   # 2.3125 bits a weight
+    assert r.tensors == 2_573 and len(r.skipped) == 168                           # text model only
+    n = len(r.paths)
+    assert n == 20 and r.paths[0].name == f"K3-IQ2_XS-00001-of-{n:05d}.gguf"
+
+
 def test_verify_plan_of_a_dequant_output_on_the_virtual_k3(virtual_k3, tmp_path):
     """What ``verify --source`` checks in a dequant output of K3, from headers alone: the output
     here is the dequant plan's tensors as headers over sparse files (5.56 TB of holes)."""

@@ -333,3 +333,17 @@ def test_resume_within_the_tightest_budget(served, local_out, tmp_path, monkeypa
     run = requant_from_hub(f"hf://{REPO}", dst, client=client, max_disk=budget, resume=True, **OPTS)
     assert run.stage.peak_disk <= budget
     assert_same_output(dst, local_out)
+
+
+def test_incomplete_hub_checkpoint_is_refused_before_any_download(hub, k3_tiny, tmp_path):
+    """A repo whose layer 2 lost its routed experts: refused from the headers, nothing staged."""
+    from test_incomplete import _without_layer2_experts
+
+    from k3ckpt.errors import InvalidFileError
+
+    src = _without_layer2_experts(k3_tiny, tmp_path / "src")
+    hub.add_repo("org/broken", src)
+    client = HubClient(hub.endpoint, token=False, retry=FAST)
+    with pytest.raises(InvalidFileError, match="incomplete checkpoint: MoE layer"):
+        requant_from_hub("hf://org/broken", tmp_path / "out", client=client, **OPTS)
+    assert not (tmp_path / "out" / STAGING_DIR).exists() or not any((tmp_path / "out" / STAGING_DIR).iterdir())

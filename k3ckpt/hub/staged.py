@@ -321,6 +321,7 @@ def open_staged(url: str | HubUrl, dst: str | os.PathLike, *, staging: str | os.
     recorded, so a branch that moved meanwhile is not mixed in."""
     from huggingface_hub import constants
 
+    from ..completeness import require_complete
     from ..errors import RemoteError
     from .client import HubClient
     from .remote import open_hub_checkpoint
@@ -337,7 +338,8 @@ def open_staged(url: str | HubUrl, dst: str | os.PathLike, *, staging: str | os.
         raise RemoteError("HF_HUB_OFFLINE is set, so shards cannot be downloaded; unset it, or convert from "
                           "a local copy (e.g. the cached snapshot after `hf download`)", file=str(ref))
     client = client or HubClient(endpoint, token)
-    remote = open_hub_checkpoint(ref, client=client)
+    # refused before anything is downloaded, as api.open_source refuses a local one
+    remote = require_complete(open_hub_checkpoint(ref, client=client))
     try:
         folder = Path(staging) if staging is not None else Path(dst) / STAGING_DIR
         stager = ShardStager(remote.hub.files, client, folder, keep=keep_source)

@@ -58,7 +58,7 @@ def test_requant_dry_run_then_run(capsys, k3_tiny, tmp_path):
 
 
 @pytest.mark.parametrize("args, kind", [
-    (["--format", "nope"], "NotFoundError"),
+    (["--format", "nope"], "UsageError"),
     (["--format", "moet-w2:fancy"], "UsageError"),
     (["--tensor-type", "noequals"], "UsageError"),
     (["--experts", "(unclosed"], "UsageError"),

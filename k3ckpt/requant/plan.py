@@ -75,7 +75,7 @@ def parse_format(spec: str) -> FormatChoice:
     """``moet-w2`` (= ``moet-w2:refit``), ``moet-w2:keep-scales``, ``k3ckpt-mx2``, ``keep``, ``mxfp4``
     (= ``mxfp4-pack-quantized``), or any registered format that encodes from MXFP4 (``from_mxfp4``)
     or from floats."""
-    from ..formats import get_format
+    from ..formats import target_format
 
     if not isinstance(spec, str) or not spec.strip():
         raise UsageError(f"--format must be a format id, found {spec!r}")
@@ -83,8 +83,8 @@ def parse_format(spec: str) -> FormatChoice:
     if spec == KEEP:
         return FormatChoice(spec, KEEP, None)
     fid, _, method = spec.partition(":")
-    fid = FORMAT_ALIASES.get(fid, fid)
-    fmt = get_format(fid)   # NotFoundError lists the known ids
+    fmt = target_format(FORMAT_ALIASES.get(fid, fid))   # any case, llama.cpp names, did-you-mean
+    fid = fmt.id
     if fid == "moet-w2":
         method = method or "refit"
         if method not in ("refit", "keep-scales"):
@@ -92,8 +92,6 @@ def parse_format(spec: str) -> FormatChoice:
         return FormatChoice(spec, fid, method)
     if method:
         raise UsageError(f"format {fid} takes no method, found {spec!r}")
-    if not (hasattr(fmt, "from_mxfp4") or fmt.info.can_encode):
-        raise UsageError(f"format {fid} cannot be written (decode-only)")
     return FormatChoice(spec, fid, None)
 
 

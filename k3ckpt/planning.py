@@ -85,9 +85,10 @@ def _decoder_layers(ckpt, geo: MoEGeometry) -> int:
 
 
 def _named(geo: MoEGeometry, ckpt) -> MoEGeometry:
-    """A local folder whose config names no model: the family its profile detects
-    (``Kimi K3 (LatentMoE, MXFP4 experts)``), as ``inspect`` shows it, so the plan is
-    not "(unnamed)"; the generic profile names nothing."""
+    """A local folder whose config names no model: the model its profile detects
+    (``Kimi K3``, inspect's ``model_name``), so the plan is not "(unnamed)"; not the
+    profile's display name, which says MXFP4 experts even of a moet-w2 output.  The
+    generic profile names nothing."""
     if geo.model_id:
         return geo
     from .profiles import detect
@@ -95,7 +96,7 @@ def _named(geo: MoEGeometry, ckpt) -> MoEGeometry:
     profile = detect(ckpt.config, ckpt.tensors.keys())
     if profile.id == "generic":
         return geo
-    return dataclasses.replace(geo, model_id=profile.display_name)
+    return dataclasses.replace(geo, model_id=profile.model_name or profile.display_name)
 
 
 def _size(n: float) -> str:

@@ -277,8 +277,8 @@ def test_plan_from_checkpoint_path_and_object(k3_tiny):
     a = planning.plan(k3_tiny, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
     with open_source(k3_tiny) as ck:
         b = planning.plan(ck, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
-        # the headers name no model: the plan takes the family the profile detects
-        geo = dataclasses.replace(gfc.moe_geometry(ck), model_id="Kimi K3 (LatentMoE, MXFP4 experts)")
+        # the headers name no model: the plan takes the model the profile detects
+        geo = dataclasses.replace(gfc.moe_geometry(ck), model_id="Kimi K3")
     c = planning.plan(geo, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
     assert a.to_json() == b.to_json() == c.to_json()
     assert a.model == geo and a.format_id == "mxfp4-pack-quantized"

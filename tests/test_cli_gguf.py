@@ -39,12 +39,12 @@ def test_splits_are_written_and_read_back(k3_tiny, tmp_path):
     assert again.returncode == 2 and "exists" in again.stderr
 
 
-def test_bad_options_are_one_line_exit_2(k3_tiny, kimi_k2_tiny, tmp_path):
+def test_bad_options_are_one_line_exit_2(k3_tiny, gpt_oss_tiny, tmp_path):
     for args, needle in [(("--expert-type", "iq9"), "--expert-type 'iq9' is not one of"),
                          (("--outtype", "q4_0"), "--outtype 'q4_0'"),
                          (("--split-max-size", "12"), "no unit")]:
         p = run(k3_tiny, tmp_path / "x.gguf", *args)
         assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    p = run(kimi_k2_tiny, tmp_path / "x.gguf")
-    assert p.returncode == 2 and "maps Kimi K3" in p.stderr
+    p = run(gpt_oss_tiny, tmp_path / "x.gguf")
+    assert p.returncode == 2 and "k3ckpt gguf maps DeepseekV3ForCausalLM, KimiK3ForConditionalGeneration" in p.stderr
     assert list(tmp_path.iterdir()) == []

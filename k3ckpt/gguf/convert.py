@@ -85,20 +85,15 @@ def tokenizer_metadata(model_dir: str | os.PathLike, vocab_size: int) -> list[C.
 
 
 def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):
-    """(metadata, planned tensors, skipped source names) for a K3 checkpoint."""
-    config = ckpt.config or {}
-    if "KimiK3ForConditionalGeneration" not in (config.get("architectures") or []):
-        raise UnsupportedError(f"k3ckpt gguf maps Kimi K3 (KimiK3ForConditionalGeneration) so far; this checkpoint "
-                               f"declares {config.get('architectures')}")
-    text = config["text_config"]
+    """(metadata, planned tensors, skipped source names) for a checkpoint ``arch`` maps."""
+    from .arch import plan
+
     et = ggml_type(expert_type, EXPERT_TYPES, "--expert-type")
     ot = None if outtype is None else ggml_type(outtype, OUT_TYPES, "--outtype")
-    planned, skipped = kimi_k3.plan_tensors({n: (e.dtype, tuple(e.shape)) for n, e in ckpt.tensors.items()},
-                                            text, expert_type=et, outtype=ot)
+    kvs, planned, skipped, text = plan(ckpt, expert_type=et, outtype=ot, file_type=FILE_TYPES[et])
     if ckpt.root is None:
         raise UnsupportedError("the vocabulary is read from the checkpoint's folder; pass a local folder")
-    kvs = kimi_k3.metadata(text, file_type=FILE_TYPES[et]) + tokenizer_metadata(ckpt.root, int(text["vocab_size"]))
-    return kvs, planned, skipped
+    return kvs + tokenizer_metadata(ckpt.root, int(text["vocab_size"])), planned, skipped
 
 
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,

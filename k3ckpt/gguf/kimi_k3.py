@@ -25,18 +25,14 @@ is free in GGUF), so a split can end on a layer boundary.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from ..errors import UnsupportedError
 from . import container as C
+from .tensors import BF16, F16, F32, MXFP4, Q8_0, Planned, Recipe, kv_b_halves, layer_order, out_type  # noqa: F401 (types re-exported)
 
 ARCH = "kimi-k3"
 PREFIX = "language_model."
 SKIPPED_PREFIXES = ("vision_tower.", "mm_projector.")
-
-# ggml types by name (gguf.GGMLQuantizationType values), for the ones this layout picks itself.
-F32, F16, BF16, Q8_0, MXFP4 = 0, 1, 30, 8, 39
-SOURCE_TYPES = {"BF16": BF16, "F16": F16, "F32": F32}
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^block_sparse_moe\.experts\.(\d+)\.(w[123])\.(weight|weight_packed|weight_scale)$")
@@ -84,42 +80,6 @@ _GLOBAL_NAMES = {
 # <prefix>_res_norm.weight x <prefix>_res_proj.weight -> one score vector
 _RES = {"self_attention_res": "attn_res_score.weight", "mlp_res": "ffn_res_score.weight"}
 _OUTPUT_RES = "model.output_attn_res"
-_FORCE_F32 = ("ffn_gate_inp.weight", "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How one GGUF tensor is made from source tensors.
-
-    ``kind``: ``copy`` (one tensor, reshaped to ``shape``), ``fuse`` (elementwise
-    product of two), ``neg_exp`` (``-exp(x[:n])``), ``k_b`` / ``v_b`` (halves of
-    ``kv_b_proj``), ``experts`` (one projection of every routed expert, stacked).
-    """
-
-    kind: str
-    sources: tuple[str, ...]
-    arg: int = 0
-
-
-@dataclass(frozen=True)
-class Planned:
-    info: C.TensorInfo
-    recipe: Recipe
-    source_dtype: str      # safetensors dtype of the sources ("MXFP4" for packed experts)
-    layer: int | None
-
-
-def _out_type(gguf_name: str, shape: tuple[int, ...], source_dtype: str, outtype: int | None) -> int:
-    """llama.cpp converter's rule for non-expert tensors."""
-    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or gguf_name.endswith(_FORCE_F32) \
-            or not gguf_name.endswith(".weight"):
-        return F32
-    if outtype is not None:
-        return outtype
-    try:
-        return SOURCE_TYPES[source_dtype]
-    except KeyError:
-        raise UnsupportedError(f"no GGUF type for a {source_dtype} tensor {gguf_name!r}; pass --outtype") from None
 
 
 def _is_kda(text: dict, layer: int) -> bool:
@@ -143,7 +103,7 @@ def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], text: dict, *,
     res: dict[str, dict[str, str]] = {}
 
     def add(layer, name, shape, src_dtype, recipe, ggml_type=None):
-        t = ggml_type if ggml_type is not None else _out_type(name, shape, src_dtype, outtype)
+        t = ggml_type if ggml_type is not None else out_type(name, shape, src_dtype, outtype)
         by_layer.setdefault(layer, []).append(Planned(C.TensorInfo(name, t, shape), recipe, src_dtype, layer))
 
     for src, (dtype, shape) in tensors.items():
@@ -176,12 +136,8 @@ def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], text: dict, *,
             gname = "ssm_g.weight" if _is_kda(text, layer) else "attn_gate.weight"
             add(layer, blk + gname, tuple(shape), dtype, Recipe("copy", (src,)))
         elif rest == "self_attn.kv_b_proj.weight":
-            rows, k = shape
-            heads = rows // (v_dim + nope)
-            if heads * (v_dim + nope) != rows:
-                raise UnsupportedError(f"{src}: {rows} rows do not split into heads of {nope} + {v_dim}")
-            add(layer, blk + "attn_k_b.weight", (heads, k, nope), dtype, Recipe("k_b", (src,), heads))
-            add(layer, blk + "attn_v_b.weight", (heads, v_dim, k), dtype, Recipe("v_b", (src,), heads))
+            for suffix, out_shape, recipe in kv_b_halves((src,), shape, v_dim, nope):
+                add(layer, blk + suffix, out_shape, dtype, recipe)
         elif rest in _LAYER_NAMES:
             gname = blk + _LAYER_NAMES[rest]
             if rest == "self_attn.A_log":
@@ -219,10 +175,7 @@ def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], text: dict, *,
         add(layer, f"blk.{layer}.{EXPERT_PROJ[wid]}.weight", (n_experts, rows, k), src_dtype,
             Recipe("experts", srcs, n_experts), ggml_type=expert_type)
 
-    order = sorted(by_layer, key=lambda x: (-1 if x is None else x))
-    tail = [p for p in by_layer.get(None, []) if not p.info.name.startswith("token_embd")]
-    head = [p for p in by_layer.get(None, []) if p.info.name.startswith("token_embd")]
-    planned = head + [p for layer in order if layer is not None for p in by_layer[layer]] + tail
+    planned = layer_order(by_layer)
     return planned, skipped
 
 

@@ -16,13 +16,13 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from .container import type_name
-from .kimi_k3 import BF16, F16, F32, MXFP4, Planned, Q8_0
+from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0, Planned
 
-IQ2_XS = 17          # ggml type ids (gguf.GGMLQuantizationType)
 CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
 
-# ggml type -> k3ckpt format that encodes an MXFP4 expert straight into ggml's block bytes
+# ggml type -> k3ckpt format that writes ggml's block bytes: from an MXFP4 expert's codes, from floats
 _FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs"}
+_FROM_FLOAT = {IQ2_XS: ("gguf-iq2_xs", "packed"), MXFP4: ("gguf-mxfp4", "blocks")}
 
 
 def _as_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
@@ -46,14 +46,27 @@ def float_bytes(x: np.ndarray, ggml_type: int) -> bytes:
 
     if ggml_type in (BF16, Q8_0):
         return gguf.quants.quantize(x, gguf.GGMLQuantizationType(ggml_type)).tobytes()
-    if ggml_type in _FROM_MXFP4:
+    if ggml_type in _FROM_FLOAT:
         from ..formats import get_format
 
-        return get_format(_FROM_MXFP4[ggml_type]).encode(x)["packed"].tobytes()
+        fid, part = _FROM_FLOAT[ggml_type]
+        return get_format(fid).encode(x)[part].tobytes()
     raise UnsupportedError(f"k3ckpt does not encode {type_name(ggml_type)} yet")
 
 
+def _load(ckpt, sources: tuple[str, ...], src_dtype: str) -> np.ndarray:
+    """A source tensor as stored, or float32 for block FP8 (weight * its 128 x 128 scale, as the
+    converter dequantizes it: one float32 product)."""
+    if src_dtype == "F8_BLOCK":
+        from ..formats.fp8_block import decode_fp8_block
+
+        return decode_fp8_block(ckpt.read_raw(sources[0]), ckpt.read_raw(sources[1]), name=sources[0])
+    return ckpt.read_raw(sources[0])
+
+
 def _copy_bytes(raw: np.ndarray, src_dtype: str, ggml_type: int) -> bytes:
+    if src_dtype == "F8_BLOCK":
+        return float_bytes(raw, ggml_type)       # already decoded by _load
     if (src_dtype, ggml_type) in (("BF16", BF16), ("F32", F32), ("F16", F16)):
         return np.ascontiguousarray(raw).tobytes()          # the source's bytes, as the converter keeps them
     return float_bytes(_as_f32(raw, src_dtype), ggml_type)
@@ -61,7 +74,7 @@ def _copy_bytes(raw: np.ndarray, src_dtype: str, ggml_type: int) -> bytes:
 
 def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int) -> bytes:
     if src_dtype != "MXFP4":
-        return _copy_bytes(ckpt.read_raw(srcs[0]), src_dtype, ggml_type)
+        return _copy_bytes(_load(ckpt, srcs, src_dtype), src_dtype, ggml_type)
     from ..formats import get_format
     from ..formats.gguf_mxfp4 import pair_to_gguf
 
@@ -86,6 +99,9 @@ def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
     entries = [ckpt.tensors[s] for s in r.sources]
     if r.kind == "copy":            # row chunks: K3's embedding and output are 2.35 GB each in BF16
         e, src = entries[0], r.sources[0]
+        if p.source_dtype == "F8_BLOCK":        # decoded whole: scales span 128-row blocks
+            yield _copy_bytes(_load(ckpt, r.sources, p.source_dtype), p.source_dtype, t)
+            return
         if len(e.shape) < 2:
             yield _copy_bytes(ckpt.read_raw(src), e.dtype, t)
             return
@@ -94,7 +110,8 @@ def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
         for r0 in range(0, rows, step):
             yield _copy_bytes(ckpt.read_rows(src, r0, min(rows, r0 + step)), e.dtype, t)
         return
-    raws = [ckpt.read_raw(s) for s in r.sources]
+    if r.kind in ("fuse", "neg_exp"):
+        raws = [ckpt.read_raw(s) for s in r.sources]
     if r.kind == "fuse":        # <x>_res_norm * <x>_res_proj, in float32 as the converter multiplies them
         a, b = (_as_f32(x, e.dtype).reshape(-1) for x, e in zip(raws, entries))
         yield float_bytes(a * b, t)
@@ -104,10 +121,11 @@ def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
         a = _as_f32(raws[0], entries[0].dtype).reshape(-1)[:r.arg].astype(np.float64)
         yield float_bytes((-np.exp(a)).astype(np.float32), t)
     elif r.kind in ("k_b", "v_b"):
-        heads = r.arg
-        raw = raws[0].reshape(heads, -1, raws[0].shape[-1])           # [heads, nope + v, kv_lora]
+        heads, src_dtype = r.arg, p.source_dtype
+        whole = _load(ckpt, r.sources, src_dtype)
+        raw = whole.reshape(heads, -1, whole.shape[-1])           # [heads, nope + v, kv_lora]
         nope = p.info.shape[2] if r.kind == "k_b" else raw.shape[1] - p.info.shape[1]
         part = raw[:, :nope, :].transpose(0, 2, 1) if r.kind == "k_b" else raw[:, nope:, :]
-        yield _copy_bytes(np.ascontiguousarray(part), entries[0].dtype, t)
+        yield _copy_bytes(np.ascontiguousarray(part), src_dtype, t)
     else:
         raise AssertionError(f"unknown recipe {r.kind!r}")

@@ -1,0 +1,182 @@
+"""The ``deepseek2`` GGUF layout of a DeepSeek-V3 / Kimi K2 checkpoint (block FP8 or BF16).
+
+llama.cpp's converter (``conversion/deepseek.py``, ``DeepseekV2Model``, llama-cpp-python
+0.3.36) is the spec, read and rewritten here:
+
+- block-FP8 weights (``weight`` F8_E4M3 + ``weight_scale_inv`` per 128 x 128) are
+  decoded tensor by tensor to float32, never to a BF16 copy on disk, and written as
+  BF16 (``--outtype`` changes that) or, for routed experts, as ``--expert-type``;
+- ``kv_b_proj`` split into ``attn_k_b`` (transposed) and ``attn_v_b``; routed experts
+  stacked into ``ffn_{gate,up,down}_exps``; MTP layers (index >= num_hidden_layers)
+  skipped; ``lm_head`` skipped when the embeddings are tied;
+- the ``deepseek2.*`` keys of ``DeepseekV2Model.set_gguf_parameters``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import UnsupportedError
+from . import container as C
+from .tensors import Planned, Recipe, kv_b_halves, layer_order, out_type
+
+ARCH = "deepseek2"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+EXPERT_PROJ = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
+                 "model.norm.weight": "output_norm.weight"}
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+}
+SCALE = "_scale_inv"          # block FP8's per-tile scale: <weight>_scale_inv
+
+
+def _weights(tensors: dict[str, tuple[str, tuple[int, ...]]]):
+    """(name, dtype, shape, sources): a block-FP8 weight and its scale are one logical weight."""
+    for name, (dtype, shape) in tensors.items():
+        if name.endswith(SCALE):
+            if name[: -len(SCALE)] not in tensors:
+                raise UnsupportedError(f"{name}: a block-FP8 scale without its weight")
+            continue
+        if dtype == "F8_E4M3":
+            if name + SCALE not in tensors:
+                raise UnsupportedError(f"{name}: F8_E4M3 without {name + SCALE} (only block FP8 is mapped)")
+            yield name, "F8_BLOCK", tuple(shape), (name, name + SCALE)
+        else:
+            yield name, dtype, tuple(shape), (name,)
+
+
+def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], config: dict, *, expert_type: int,
+                 outtype: int | None = None) -> tuple[list[Planned], list[str]]:
+    """The GGUF tensors of a DeepSeek-V3 / Kimi K2 checkpoint in layer order, and the source names
+    skipped (MTP layers, a tied ``lm_head``); ``UnsupportedError`` for a tensor it does not know."""
+    if config.get("quantization_config", {}).get("quant_method") not in (None, "fp8"):
+        raise UnsupportedError(f"deepseek2 GGUF from {config['quantization_config'].get('quant_method')!r} "
+                               "weights is not mapped yet (block FP8 and BF16 are)")
+    layers = int(config["num_hidden_layers"])
+    n_experts = int(config["n_routed_experts"])
+    v_dim, nope = int(config["v_head_dim"]), int(config["qk_nope_head_dim"])
+    tied = bool(config.get("tie_word_embeddings"))
+    by_layer: dict[int | None, list[Planned]] = {}
+    skipped: list[str] = []
+    experts: dict[tuple[int, str], dict[int, tuple]] = {}
+
+    def add(layer, name, shape, dtype, recipe, ggml_type=None):
+        t = ggml_type if ggml_type is not None else out_type(name, shape, dtype, outtype)
+        by_layer.setdefault(layer, []).append(Planned(C.TensorInfo(name, t, shape), recipe, dtype, layer))
+
+    for src, dtype, shape, sources in _weights(tensors):
+        if src in _GLOBAL_NAMES:
+            if src == "lm_head.weight" and tied:
+                skipped.append(src)
+                continue
+            add(None, _GLOBAL_NAMES[src], shape, dtype, Recipe("copy", sources))
+            continue
+        m = _LAYER.match(src)
+        if not m:
+            raise UnsupportedError(f"no deepseek2 GGUF name for tensor {src!r}")
+        layer, rest = int(m.group(1)), m.group(2)
+        if layer >= layers:               # multi-token-prediction layers: llama.cpp does not run them
+            skipped.extend(sources)
+            continue
+        blk = f"blk.{layer}."
+        e = _EXPERT.match(rest)
+        if e:
+            experts.setdefault((layer, e.group(2)), {})[int(e.group(1))] = (dtype, shape, sources)
+        elif rest == "self_attn.kv_b_proj.weight":
+            for suffix, out_shape, recipe in kv_b_halves(sources, shape, v_dim, nope):
+                add(layer, blk + suffix, out_shape, dtype, recipe)
+        elif rest in _LAYER_NAMES:
+            add(layer, blk + _LAYER_NAMES[rest], shape, dtype, Recipe("copy", sources))
+        else:
+            raise UnsupportedError(f"no deepseek2 GGUF name for tensor {src!r}")
+
+    for (layer, proj), got in sorted(experts.items()):
+        missing = [i for i in range(n_experts) if i not in got]
+        if missing:
+            raise UnsupportedError(f"layer {layer} {proj}: {len(missing)} of {n_experts} routed experts missing, "
+                                   f"first is {missing[0]}")
+        dtype, (rows, k), _ = got[0]
+        srcs = tuple(s for i in range(n_experts) for s in got[i][2])
+        add(layer, f"blk.{layer}.{EXPERT_PROJ[proj]}.weight", (n_experts, rows, k), dtype,
+            Recipe("experts", srcs, n_experts), ggml_type=expert_type)
+    return layer_order(by_layer), skipped
+
+
+def _u32(key, v):
+    return C.KV(f"{ARCH}.{key}", C.UINT32, int(v))
+
+
+def _f32(key, v):
+    return C.KV(f"{ARCH}.{key}", C.FLOAT32, float(v))
+
+
+def metadata(config: dict, *, file_type: int) -> list[C.KV]:
+    """The ``deepseek2.*`` keys as ``DeepseekV2Model.set_gguf_parameters`` writes them."""
+    if config.get("scoring_func", "sigmoid") != "sigmoid":
+        raise UnsupportedError(f"deepseek2 with scoring_func {config.get('scoring_func')!r} is not mapped "
+                               "(DeepSeek-V3 and Kimi K2 use sigmoid)")
+    rope_scaling = config.get("rope_scaling") or {}
+    if rope_scaling:
+        raise UnsupportedError("rope_scaling (YaRN) keys are not mapped yet")
+    kv_lora, rope = int(config.get("kv_lora_rank", 512)), int(config["qk_rope_head_dim"])
+    out = [
+        C.KV("general.architecture", C.STRING, ARCH),
+        _u32("block_count", config["num_hidden_layers"]),
+        _u32("context_length", config["max_position_embeddings"]),
+        _u32("embedding_length", config["hidden_size"]),
+        _u32("feed_forward_length", config["intermediate_size"]),
+        _u32("attention.head_count", config["num_attention_heads"]),
+        _u32("attention.head_count_kv", 1),                # MLA served as MQA
+    ]
+    if config.get("rope_theta") is not None:
+        out.append(_f32("rope.freq_base", config["rope_theta"]))
+    out += [
+        _f32("attention.layer_norm_rms_epsilon", config.get("rms_norm_eps", 1e-6)),
+        _u32("expert_count", config["n_routed_experts"]),
+        _u32("expert_used_count", config["num_experts_per_tok"]),
+    ]
+    if config.get("n_group") is not None:
+        out.append(_u32("expert_group_count", config["n_group"]))
+    if config.get("topk_group") is not None:
+        out.append(_u32("expert_group_used_count", config["topk_group"]))
+    out += [
+        _u32("expert_gating_func", 2),                      # sigmoid
+        C.KV("general.file_type", C.UINT32, int(file_type)),
+        _u32("leading_dense_block_count", config.get("first_k_dense_replace", 0)),
+        _u32("vocab_size", config["vocab_size"]),
+    ]
+    if config.get("q_lora_rank") is not None:
+        out.append(_u32("attention.q_lora_rank", config["q_lora_rank"]))
+    out += [
+        _u32("attention.kv_lora_rank", kv_lora),
+        _u32("attention.key_length", kv_lora + rope),
+        _u32("attention.value_length", kv_lora),
+        _u32("attention.key_length_mla", int(config["qk_nope_head_dim"]) + rope),
+        _u32("attention.value_length_mla", config["v_head_dim"]),
+        _u32("expert_feed_forward_length", config["moe_intermediate_size"]),
+        _u32("expert_shared_count", config.get("n_shared_experts", 0)),
+    ]
+    if config.get("routed_scaling_factor") is not None:
+        out.append(_f32("expert_weights_scale", config["routed_scaling_factor"]))
+    if config.get("norm_topk_prob"):
+        out.append(C.KV(f"{ARCH}.expert_weights_norm", C.BOOL, True))
+    out += [_u32("rope.dimension_count", rope), C.KV("general.quantization_version", C.UINT32, 2)]
+    return out

@@ -1,0 +1,79 @@
+"""What every GGUF layout shares: ggml type ids, the plan of one tensor, the converter's type rule.
+
+An architecture module (``kimi_k3``, ``deepseek2``) maps source tensors to ``Planned``
+GGUF tensors, each with a ``Recipe`` that ``produce`` follows to make its bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedError
+from . import container as C
+
+# ggml type ids (gguf.GGMLQuantizationType values) this package picks itself
+F32, F16, Q8_0, IQ2_XS, BF16, MXFP4 = 0, 1, 8, 17, 30, 39
+# a source dtype's own GGUF type when no --outtype is given; block FP8 is decoded and kept as BF16
+# (what llama.cpp's converter writes for it with --outtype bf16)
+SOURCE_TYPES = {"BF16": BF16, "F16": F16, "F32": F32, "F8_BLOCK": BF16}
+# always float32 in the converter (base.py: the router, the KDA convolutions)
+FORCE_F32 = ("ffn_gate_inp.weight", "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one GGUF tensor is made from source tensors.
+
+    ``kind``: ``copy`` (one tensor, reshaped to ``shape``), ``fuse`` (elementwise
+    product of two), ``neg_exp`` (``-exp(x[:n])``), ``k_b`` / ``v_b`` (halves of
+    ``kv_b_proj``, ``arg`` heads), ``experts`` (one projection of every routed expert,
+    stacked; ``arg`` experts). A block-FP8 source lists its weight then its
+    ``weight_scale_inv``.
+    """
+
+    kind: str
+    sources: tuple[str, ...]
+    arg: int = 0
+
+
+@dataclass(frozen=True)
+class Planned:
+    info: C.TensorInfo
+    recipe: Recipe
+    source_dtype: str      # safetensors dtype of the sources; "MXFP4" / "F8_BLOCK" for pairs
+    layer: int | None
+
+
+def out_type(gguf_name: str, shape: tuple[int, ...], source_dtype: str, outtype: int | None) -> int:
+    """llama.cpp converter's rule for non-expert tensors: float32 for 1-D tensors, norms,
+    ``FORCE_F32`` and anything not ending in ``.weight``; else ``outtype`` or the source's type."""
+    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or gguf_name.endswith(FORCE_F32) \
+            or not gguf_name.endswith(".weight"):
+        return F32
+    if outtype is not None:
+        return outtype
+    try:
+        return SOURCE_TYPES[source_dtype]
+    except KeyError:
+        raise UnsupportedError(f"no GGUF type for a {source_dtype} tensor {gguf_name!r}; pass --outtype") from None
+
+
+def layer_order(by_layer: dict[int | None, list[Planned]]) -> list[Planned]:
+    """The embedding first, then the layers in order, then the output tensors (so a split
+    can end on a layer boundary)."""
+    glob = by_layer.get(None, [])
+    head = [p for p in glob if p.info.name.startswith("token_embd")]
+    tail = [p for p in glob if not p.info.name.startswith("token_embd")]
+    return head + [p for layer in sorted(k for k in by_layer if k is not None) for p in by_layer[layer]] + tail
+
+
+def kv_b_halves(src: tuple[str, ...], shape: tuple[int, ...], v_dim: int, nope: int):
+    """MLA's ``kv_b_proj`` ``[heads * (nope + v), kv_lora]`` as the converter splits it for the
+    absorbed attention: ``attn_k_b`` ``[heads, kv_lora, nope]`` (transposed) and ``attn_v_b``
+    ``[heads, v, kv_lora]``; yields (GGUF name suffix, shape, recipe)."""
+    rows, k = (int(d) for d in shape)
+    heads = rows // (v_dim + nope)
+    if heads * (v_dim + nope) != rows:
+        raise UnsupportedError(f"{src[0]}: {rows} rows do not split into heads of {nope} + {v_dim}")
+    yield "attn_k_b.weight", (heads, k, nope), Recipe("k_b", src, heads)
+    yield "attn_v_b.weight", (heads, v_dim, k), Recipe("v_b", src, heads)

@@ -66,8 +66,9 @@ llama = Path(sys.argv[1])
 sys.path[:0] = [str(llama), str(llama / "gguf-py")]
 import gguf
 import convert_hf_to_gguf
-from conversion import kimi_k3
+import importlib
 from k3ckpt.gguf.vocab import kimi_vocab
+module, cls, restore_eos = sys.argv[4], sys.argv[5], sys.argv[6] == "1"
 
 def set_vocab(self):
     v = kimi_vocab(self.dir_model, self.hparams["vocab_size"])
@@ -79,22 +80,29 @@ def set_vocab(self):
     if v.merges:
         w.add_token_merges(list(v.merges))
     gguf.SpecialVocab(self.dir_model, load_merges=False).add_to_gguf(w)
-    if (eos := self.hparams.get("eos_token_id")) is not None:
+    if restore_eos and (eos := self.hparams.get("eos_token_id")) is not None:   # what kimi_k3.py does
         w.add_eos_token_id(eos)
 
-kimi_k3.KimiK3Model.set_vocab = set_vocab
+setattr(getattr(importlib.import_module("conversion." + module), cls), "set_vocab", set_vocab)
 sys.argv = ["convert_hf_to_gguf.py", sys.argv[2], "--outfile", sys.argv[3], "--outtype", "bf16"]
 convert_hf_to_gguf.main()
 """
 
 
-@pytest.fixture(scope="module")
-def converted(k3_tiny, converter_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("llama-converter") / "k3-tiny.gguf"
-    proc = subprocess.run([sys.executable, "-c", HARNESS, str(converter_dir), str(k3_tiny), str(out)],
-                          capture_output=True, text=True, timeout=600)
+# fixture -> (converter module, model class, whether its set_vocab restores the config's eos)
+CONVERTERS = {"k3-tiny": ("kimi_k3", "KimiK3Model", "1"), "kimi-k2-tiny": ("deepseek", "DeepseekV2Model", "0")}
+
+
+def _convert(converter_dir, src, out, fixture):
+    proc = subprocess.run([sys.executable, "-c", HARNESS, str(converter_dir), str(src), str(out),
+                           *CONVERTERS[fixture]], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def converted(k3_tiny, converter_dir, tmp_path_factory):
+    return _convert(converter_dir, k3_tiny, tmp_path_factory.mktemp("llama-converter") / "k3-tiny.gguf", "k3-tiny")
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +225,17 @@ def test_llama_cpp_runs_iq2_xs_experts_as_we_decode_them(llama_cpp, ours, tmp_pa
     to_decoded = np.abs(iq2 - dec).max()
     to_mxfp4 = np.abs(iq2 - mx).max()
     assert to_decoded < to_mxfp4, (to_decoded, to_mxfp4)
+
+
+def test_kimi_k2_fp8_matches_the_converter_and_runs_the_same(llama_cpp, converter_dir, kimi_k2_tiny, tmp_path):
+    """deepseek2 from block FP8: the converter dequantizes to BF16 (--outtype bf16); so do we, with
+    bf16 experts. Same tensor bytes, same metadata, identical logits."""
+    theirs = _convert(converter_dir, kimi_k2_tiny, tmp_path / "conv.gguf", "kimi-k2-tiny")
+    with open_checkpoint(kimi_k2_tiny) as ckpt:
+        mine = write_gguf(ckpt, tmp_path / "ours.gguf", expert_type="bf16").paths[0]
+    want, got = _tensors(theirs), _tensors(mine)
+    assert sorted(got) == sorted(want)
+    differ = [n for n in want if _bytes(got[n]) != _bytes(want[n]) or got[n].tensor_type != want[n].tensor_type]
+    assert differ == []
+    assert _fields(mine) == _fields(theirs)
+    np.testing.assert_array_equal(_logits(llama_cpp, theirs), _logits(llama_cpp, mine))

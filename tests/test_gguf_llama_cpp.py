@@ -239,3 +239,24 @@ def test_kimi_k2_fp8_matches_the_converter_and_runs_the_same(llama_cpp, converte
     assert differ == []
     assert _fields(mine) == _fields(theirs)
     np.testing.assert_array_equal(_logits(llama_cpp, theirs), _logits(llama_cpp, mine))
+
+
+def test_kimi_k2_yarn_rope_keys_match_the_converter(converter_dir, kimi_k2_tiny, tmp_path):
+    """Kimi K2's real rope settings (YaRN, factor 32 from 4,096), set on the tiny K2's config."""
+    import json
+    import shutil
+
+    src = tmp_path / "k2-yarn"
+    shutil.copytree(kimi_k2_tiny, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(rope_theta=50000.0, rope_scaling={"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                                                  "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                                  "type": "yarn"})
+    (src / "config.json").write_text(json.dumps(cfg))
+    theirs = _convert(converter_dir, src, tmp_path / "conv.gguf", "kimi-k2-tiny")
+    with open_checkpoint(src) as ckpt:
+        mine = write_gguf(ckpt, tmp_path / "ours.gguf", expert_type="bf16").paths[0]
+    got, want = _fields(mine), _fields(theirs)
+    assert {k for k in want if ".rope." in k} >= {"deepseek2.rope.scaling.type", "deepseek2.rope.freq_base",
+                                                    "deepseek2.rope.scaling.yarn_log_multiplier"}
+    assert got == want

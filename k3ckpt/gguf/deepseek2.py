@@ -133,9 +133,6 @@ def metadata(config: dict, *, file_type: int) -> list[C.KV]:
     if config.get("scoring_func", "sigmoid") != "sigmoid":
         raise UnsupportedError(f"deepseek2 with scoring_func {config.get('scoring_func')!r} is not mapped "
                                "(DeepSeek-V3 and Kimi K2 use sigmoid)")
-    rope_scaling = config.get("rope_scaling") or {}
-    if rope_scaling:
-        raise UnsupportedError("rope_scaling (YaRN) keys are not mapped yet")
     kv_lora, rope = int(config.get("kv_lora_rank", 512)), int(config["qk_rope_head_dim"])
     out = [
         C.KV("general.architecture", C.STRING, ARCH),
@@ -146,8 +143,7 @@ def metadata(config: dict, *, file_type: int) -> list[C.KV]:
         _u32("attention.head_count", config["num_attention_heads"]),
         _u32("attention.head_count_kv", 1),                # MLA served as MQA
     ]
-    if config.get("rope_theta") is not None:
-        out.append(_f32("rope.freq_base", config["rope_theta"]))
+    out += _rope(config)
     out += [
         _f32("attention.layer_norm_rms_epsilon", config.get("rms_norm_eps", 1e-6)),
         _u32("expert_count", config["n_routed_experts"]),
@@ -179,4 +175,37 @@ def metadata(config: dict, *, file_type: int) -> list[C.KV]:
     if config.get("norm_topk_prob"):
         out.append(C.KV(f"{ARCH}.expert_weights_norm", C.BOOL, True))
     out += [_u32("rope.dimension_count", rope), C.KV("general.quantization_version", C.UINT32, 2)]
+    return out
+
+
+def _rope(config: dict) -> list[C.KV]:
+    """RoPE scaling keys as base.py's ``set_gguf_parameters`` writes them (``rope_scaling`` or
+    ``rope_parameters``; YaRN as Kimi K2 and DeepSeek-V3 use it), plus deepseek2's YaRN log
+    multiplier, ``0.1 * mscale_all_dim`` (llama.cpp's legacy convention for this arch)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    kind = params.get("rope_type", params.get("type"))
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    out = []
+    factor = params.get("factor")
+    if kind == "linear" and factor is not None:
+        out += [C.KV(f"{ARCH}.rope.scaling.type", C.STRING, "linear"), _f32("rope.scaling.factor", factor)]
+    elif kind == "yarn" and factor is not None:
+        orig = params.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+        if orig is None:
+            raise UnsupportedError("YaRN rope_scaling without original_max_position_embeddings")
+        out += [C.KV(f"{ARCH}.rope.scaling.type", C.STRING, "yarn"), _f32("rope.scaling.factor", factor),
+                _u32("rope.scaling.original_context_length", orig)]
+        for src, key in (("extrapolation_factor", "yarn_ext_factor"), ("beta_fast", "yarn_beta_fast"),
+                         ("beta_slow", "yarn_beta_slow")):
+            if params.get(src) is not None:
+                out.append(_f32(f"rope.scaling.{key}", params[src]))
+        attn = params.get("attention_factor", params.get("attn_factor"))
+        if attn is not None:
+            out.append(_f32("rope.scaling.yarn_attn_factor", attn))
+    elif kind not in (None, "default"):
+        raise UnsupportedError(f"rope type {kind!r} is not mapped for deepseek2 (yarn and linear are)")
+    if theta is not None:
+        out.append(_f32("rope.freq_base", theta))
+    if params.get("mscale_all_dim") is not None:
+        out.append(_f32("rope.scaling.yarn_log_multiplier", 0.1 * params["mscale_all_dim"]))
     return out

@@ -18,7 +18,7 @@ import re
 
 from ..errors import UnsupportedError
 from . import container as C
-from .tensors import Planned, Recipe, kv_b_halves, layer_order, out_type
+from .tensors import ArchKeys, Planned, Recipe, kv_b_halves, layer_order, out_type
 
 ARCH = "deepseek2"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -120,92 +120,58 @@ def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], config: dict, 
     return layer_order(by_layer), skipped
 
 
-def _u32(key, v):
-    return C.KV(f"{ARCH}.{key}", C.UINT32, int(v))
-
-
-def _f32(key, v):
-    return C.KV(f"{ARCH}.{key}", C.FLOAT32, float(v))
-
-
 def metadata(config: dict, *, file_type: int) -> list[C.KV]:
     """The ``deepseek2.*`` keys as ``DeepseekV2Model.set_gguf_parameters`` writes them."""
     if config.get("scoring_func", "sigmoid") != "sigmoid":
         raise UnsupportedError(f"deepseek2 with scoring_func {config.get('scoring_func')!r} is not mapped "
                                "(DeepSeek-V3 and Kimi K2 use sigmoid)")
-    kv_lora, rope = int(config.get("kv_lora_rank", 512)), int(config["qk_rope_head_dim"])
-    out = [
-        C.KV("general.architecture", C.STRING, ARCH),
-        _u32("block_count", config["num_hidden_layers"]),
-        _u32("context_length", config["max_position_embeddings"]),
-        _u32("embedding_length", config["hidden_size"]),
-        _u32("feed_forward_length", config["intermediate_size"]),
-        _u32("attention.head_count", config["num_attention_heads"]),
-        _u32("attention.head_count_kv", 1),                # MLA served as MQA
-    ]
-    out += _rope(config)
-    out += [
-        _f32("attention.layer_norm_rms_epsilon", config.get("rms_norm_eps", 1e-6)),
-        _u32("expert_count", config["n_routed_experts"]),
-        _u32("expert_used_count", config["num_experts_per_tok"]),
-    ]
-    if config.get("n_group") is not None:
-        out.append(_u32("expert_group_count", config["n_group"]))
-    if config.get("topk_group") is not None:
-        out.append(_u32("expert_group_used_count", config["topk_group"]))
-    out += [
-        _u32("expert_gating_func", 2),                      # sigmoid
-        C.KV("general.file_type", C.UINT32, int(file_type)),
-        _u32("leading_dense_block_count", config.get("first_k_dense_replace", 0)),
-        _u32("vocab_size", config["vocab_size"]),
-    ]
-    if config.get("q_lora_rank") is not None:
-        out.append(_u32("attention.q_lora_rank", config["q_lora_rank"]))
-    out += [
-        _u32("attention.kv_lora_rank", kv_lora),
-        _u32("attention.key_length", kv_lora + rope),
-        _u32("attention.value_length", kv_lora),
-        _u32("attention.key_length_mla", int(config["qk_nope_head_dim"]) + rope),
-        _u32("attention.value_length_mla", config["v_head_dim"]),
-        _u32("expert_feed_forward_length", config["moe_intermediate_size"]),
-        _u32("expert_shared_count", config.get("n_shared_experts", 0)),
-    ]
-    if config.get("routed_scaling_factor") is not None:
-        out.append(_f32("expert_weights_scale", config["routed_scaling_factor"]))
+    k = ArchKeys(ARCH)
+    k.u32("block_count", config["num_hidden_layers"])
+    k.u32("context_length", config["max_position_embeddings"])
+    k.u32("embedding_length", config["hidden_size"])
+    k.u32("feed_forward_length", config["intermediate_size"])
+    k.u32("attention.head_count", config["num_attention_heads"])
+    k.u32("attention.head_count_kv", 1)                  # MLA served as MQA
+    _rope(k, config)
+    k.f32("attention.layer_norm_rms_epsilon", config.get("rms_norm_eps", 1e-6))
+    k.routing(experts=config["n_routed_experts"], used=config["num_experts_per_tok"], groups=config.get("n_group"),
+              groups_used=config.get("topk_group"), file_type=file_type)
+    k.u32("leading_dense_block_count", config.get("first_k_dense_replace", 0))
+    k.u32("vocab_size", config["vocab_size"])
+    k.mla(q_lora=config.get("q_lora_rank"), kv_lora=int(config.get("kv_lora_rank", 512)),
+          rope=int(config["qk_rope_head_dim"]), nope=int(config["qk_nope_head_dim"]), v_dim=int(config["v_head_dim"]))
+    k.u32("expert_feed_forward_length", config["moe_intermediate_size"])
+    k.u32("expert_shared_count", config.get("n_shared_experts", 0))
+    k.f32("expert_weights_scale", config.get("routed_scaling_factor"))
     if config.get("norm_topk_prob"):
-        out.append(C.KV(f"{ARCH}.expert_weights_norm", C.BOOL, True))
-    out += [_u32("rope.dimension_count", rope), C.KV("general.quantization_version", C.UINT32, 2)]
-    return out
+        k.flag("expert_weights_norm", True)
+    return k.done()
 
 
-def _rope(config: dict) -> list[C.KV]:
+def _rope(k: ArchKeys, config: dict) -> None:
     """RoPE scaling keys as base.py's ``set_gguf_parameters`` writes them (``rope_scaling`` or
     ``rope_parameters``; YaRN as Kimi K2 and DeepSeek-V3 use it), plus deepseek2's YaRN log
     multiplier, ``0.1 * mscale_all_dim`` (llama.cpp's legacy convention for this arch)."""
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     kind = params.get("rope_type", params.get("type"))
     theta = params.get("rope_theta", config.get("rope_theta"))
-    out = []
     factor = params.get("factor")
     if kind == "linear" and factor is not None:
-        out += [C.KV(f"{ARCH}.rope.scaling.type", C.STRING, "linear"), _f32("rope.scaling.factor", factor)]
+        k.add(C.KV(f"{ARCH}.rope.scaling.type", C.STRING, "linear"))
+        k.f32("rope.scaling.factor", factor)
     elif kind == "yarn" and factor is not None:
         orig = params.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
         if orig is None:
             raise UnsupportedError("YaRN rope_scaling without original_max_position_embeddings")
-        out += [C.KV(f"{ARCH}.rope.scaling.type", C.STRING, "yarn"), _f32("rope.scaling.factor", factor),
-                _u32("rope.scaling.original_context_length", orig)]
+        k.add(C.KV(f"{ARCH}.rope.scaling.type", C.STRING, "yarn"))
+        k.f32("rope.scaling.factor", factor)
+        k.u32("rope.scaling.original_context_length", orig)
         for src, key in (("extrapolation_factor", "yarn_ext_factor"), ("beta_fast", "yarn_beta_fast"),
                          ("beta_slow", "yarn_beta_slow")):
-            if params.get(src) is not None:
-                out.append(_f32(f"rope.scaling.{key}", params[src]))
-        attn = params.get("attention_factor", params.get("attn_factor"))
-        if attn is not None:
-            out.append(_f32("rope.scaling.yarn_attn_factor", attn))
+            k.f32(f"rope.scaling.{key}", params.get(src))
+        k.f32("rope.scaling.yarn_attn_factor", params.get("attention_factor", params.get("attn_factor")))
     elif kind not in (None, "default"):
         raise UnsupportedError(f"rope type {kind!r} is not mapped for deepseek2 (yarn and linear are)")
-    if theta is not None:
-        out.append(_f32("rope.freq_base", theta))
+    k.f32("rope.freq_base", theta)
     if params.get("mscale_all_dim") is not None:
-        out.append(_f32("rope.scaling.yarn_log_multiplier", 0.1 * params["mscale_all_dim"]))
-    return out
+        k.f32("rope.scaling.yarn_log_multiplier", 0.1 * params["mscale_all_dim"])

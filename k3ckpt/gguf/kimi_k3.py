@@ -28,7 +28,7 @@ import re
 
 from ..errors import UnsupportedError
 from . import container as C
-from .tensors import BF16, F16, F32, MXFP4, Q8_0, Planned, Recipe, kv_b_halves, layer_order, out_type  # noqa: F401 (types re-exported)
+from .tensors import BF16, F16, F32, MXFP4, Q8_0, ArchKeys, Planned, Recipe, kv_b_halves, layer_order, out_type  # noqa: F401 (types re-exported)
 
 ARCH = "kimi-k3"
 PREFIX = "language_model."
@@ -179,14 +179,6 @@ def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], text: dict, *,
     return planned, skipped
 
 
-def _u32(key, v):
-    return C.KV(f"{ARCH}.{key}", C.UINT32, int(v))
-
-
-def _f32(key, v):
-    return C.KV(f"{ARCH}.{key}", C.FLOAT32, float(v))
-
-
 def metadata(text: dict, *, file_type: int) -> list[C.KV]:
     """The ``kimi-k3.*`` keys (and ``general.architecture`` / ``file_type`` / quantization
     version) as the converter writes them from K3's ``text_config``; tokenizer keys come from
@@ -199,58 +191,32 @@ def metadata(text: dict, *, file_type: int) -> list[C.KV]:
                                f"{text.get('hidden_act')!r} / {text.get('moe_router_activation_func')!r}")
     if not text.get("mla_use_nope"):
         raise UnsupportedError("kimi-k3 in llama.cpp is nope-only MLA (mla_use_nope), this config is not")
-    kv_lora, rope, nope = int(text["kv_lora_rank"]), int(text["qk_rope_head_dim"]), int(text["qk_nope_head_dim"])
-    out = [
-        C.KV("general.architecture", C.STRING, ARCH),
-        _u32("block_count", layers),
-        _u32("context_length", text["max_position_embeddings"]),
-        _u32("embedding_length", text["hidden_size"]),
-        _u32("feed_forward_length", text["intermediate_size"]),
-        _u32("attention.head_count", text["num_attention_heads"]),
-        # MLA served as MQA: one KV head on MLA layers, 0 marks a KDA (recurrent) layer
-        C.KV(f"{ARCH}.attention.head_count_kv", C.ARRAY,
-             [1 if (i + 1) in la["full_attn_layers"] else 0 for i in range(layers)], C.INT32),
-        _u32("expert_count", text["num_experts"]),
-        _u32("expert_used_count", text["num_experts_per_token"]),
-    ]
-    if text.get("rms_norm_eps") is not None:
-        out.append(_f32("attention.layer_norm_rms_epsilon", text["rms_norm_eps"]))
-    if text.get("n_group") is not None:
-        out.append(_u32("expert_group_count", text["n_group"]))
-    if text.get("topk_group") is not None:
-        out.append(_u32("expert_group_used_count", text["topk_group"]))
-    if text.get("rope_theta") is not None:
-        out.append(_f32("rope.freq_base", text["rope_theta"]))
-    out += [
-        _u32("expert_gating_func", 2),                      # sigmoid (llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE)
-        C.KV("general.file_type", C.UINT32, int(file_type)),
-        _u32("vocab_size", text["vocab_size"]),
-        _u32("ssm.conv_kernel", la["short_conv_kernel_size"]),
-        _u32("kda.head_dim", la["head_dim"]),
-    ]
-    if la.get("gate_lower_bound") is not None:
-        out.append(_f32("kda.gate_lower_bound", la["gate_lower_bound"]))
-    if text.get("q_lora_rank") is not None:
-        out.append(_u32("attention.q_lora_rank", text["q_lora_rank"]))
-    out += [
-        _u32("attention.kv_lora_rank", kv_lora),
-        _u32("rope.dimension_count", rope),
-        _u32("attention.key_length", kv_lora + rope),       # the cache holds the compressed latent
-        _u32("attention.value_length", kv_lora),
-        _u32("attention.key_length_mla", nope + rope),
-        _u32("attention.value_length_mla", text["v_head_dim"]),
-        _u32("expert_feed_forward_length", text["moe_intermediate_size"]),
-        _u32("expert_shared_count", text["num_shared_experts"]),
-        _u32("leading_dense_block_count", text["first_k_dense_replace"]),
-        _f32("expert_weights_scale", text["routed_scaling_factor"]),
-        C.KV(f"{ARCH}.expert_weights_norm", C.BOOL, bool(text["moe_renormalize"])),
-    ]
-    if text.get("routed_expert_hidden_size") is not None:
-        out.append(_u32("expert_latent_length", text["routed_expert_hidden_size"]))
-    out += [
-        _f32("activation.situ_beta", text["activation_situ_beta"]),
-        _f32("activation.situ_linear_beta", text["activation_situ_linear_beta"]),
-        _u32("attn_res.block_size", text["attn_res_block_size"]),
-        C.KV("general.quantization_version", C.UINT32, 2),  # ggml's GGML_QNT_VERSION
-    ]
-    return out
+    k = ArchKeys(ARCH)
+    k.u32("block_count", layers)
+    k.u32("context_length", text["max_position_embeddings"])
+    k.u32("embedding_length", text["hidden_size"])
+    k.u32("feed_forward_length", text["intermediate_size"])
+    k.u32("attention.head_count", text["num_attention_heads"])
+    # MLA served as MQA: one KV head on MLA layers, 0 marks a KDA (recurrent) layer
+    k.add(C.KV(f"{ARCH}.attention.head_count_kv", C.ARRAY,
+               [1 if (i + 1) in la["full_attn_layers"] else 0 for i in range(layers)], C.INT32))
+    k.f32("attention.layer_norm_rms_epsilon", text.get("rms_norm_eps"))
+    k.f32("rope.freq_base", text.get("rope_theta"))
+    k.routing(experts=text["num_experts"], used=text["num_experts_per_token"], groups=text.get("n_group"),
+              groups_used=text.get("topk_group"), file_type=file_type)
+    k.u32("vocab_size", text["vocab_size"])
+    k.u32("ssm.conv_kernel", la["short_conv_kernel_size"])
+    k.u32("kda.head_dim", la["head_dim"])
+    k.f32("kda.gate_lower_bound", la.get("gate_lower_bound"))
+    k.mla(q_lora=text.get("q_lora_rank"), kv_lora=int(text["kv_lora_rank"]), rope=int(text["qk_rope_head_dim"]),
+          nope=int(text["qk_nope_head_dim"]), v_dim=int(text["v_head_dim"]))
+    k.u32("expert_feed_forward_length", text["moe_intermediate_size"])
+    k.u32("expert_shared_count", text["num_shared_experts"])
+    k.u32("leading_dense_block_count", text["first_k_dense_replace"])
+    k.f32("expert_weights_scale", text["routed_scaling_factor"])
+    k.flag("expert_weights_norm", text["moe_renormalize"])
+    k.u32("expert_latent_length", text.get("routed_expert_hidden_size"))
+    k.f32("activation.situ_beta", text["activation_situ_beta"])
+    k.f32("activation.situ_linear_beta", text["activation_situ_linear_beta"])
+    k.u32("attn_res.block_size", text["attn_res_block_size"])
+    return k.done()

@@ -77,3 +77,51 @@ def kv_b_halves(src: tuple[str, ...], shape: tuple[int, ...], v_dim: int, nope: 
         raise UnsupportedError(f"{src[0]}: {rows} rows do not split into heads of {nope} + {v_dim}")
     yield "attn_k_b.weight", (heads, k, nope), Recipe("k_b", src, heads)
     yield "attn_v_b.weight", (heads, v_dim, k), Recipe("v_b", src, heads)
+
+
+class ArchKeys:
+    """An architecture's ``ARCH.*`` metadata, built in the converter's terms (``None`` values
+    are left out, as the converter leaves out what a config does not give)."""
+
+    def __init__(self, arch: str):
+        self.arch = arch
+        self.kvs: list[C.KV] = [C.KV("general.architecture", C.STRING, arch)]
+
+    def u32(self, key: str, v) -> None:
+        if v is not None:
+            self.kvs.append(C.KV(f"{self.arch}.{key}", C.UINT32, int(v)))
+
+    def f32(self, key: str, v) -> None:
+        if v is not None:
+            self.kvs.append(C.KV(f"{self.arch}.{key}", C.FLOAT32, float(v)))
+
+    def flag(self, key: str, v: bool) -> None:
+        self.kvs.append(C.KV(f"{self.arch}.{key}", C.BOOL, bool(v)))
+
+    def add(self, kv: C.KV) -> None:
+        self.kvs.append(kv)
+
+    def routing(self, *, experts, used, groups, groups_used, file_type: int) -> None:
+        """Routed-expert counts, the sigmoid router (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE 2)
+        and the file type."""
+        self.u32("expert_count", experts)
+        self.u32("expert_used_count", used)
+        self.u32("expert_group_count", groups)
+        self.u32("expert_group_used_count", groups_used)
+        self.u32("expert_gating_func", 2)
+        self.add(C.KV("general.file_type", C.UINT32, int(file_type)))
+
+    def mla(self, *, q_lora, kv_lora: int, rope: int, nope: int, v_dim: int) -> None:
+        """MLA served as MQA: the cache holds the compressed latent (key kv_lora + rope, value kv_lora);
+        the decompressed head sizes are the ``*_mla`` keys."""
+        self.u32("attention.q_lora_rank", q_lora)
+        self.u32("attention.kv_lora_rank", kv_lora)
+        self.u32("rope.dimension_count", rope)
+        self.u32("attention.key_length", kv_lora + rope)
+        self.u32("attention.value_length", kv_lora)
+        self.u32("attention.key_length_mla", nope + rope)
+        self.u32("attention.value_length_mla", v_dim)
+
+    def done(self) -> list[C.KV]:
+        self.add(C.KV("general.quantization_version", C.UINT32, 2))    # ggml's GGML_QNT_VERSION
+        return self.kvs

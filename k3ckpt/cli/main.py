@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dequant": ("k3ckpt.cli.dequant", "Decode quantized tensors to bf16/f16/f32 in a new checkpoint."),
     "fixture": ("k3ckpt.cli.fixture", "Generate a synthetic checkpoint with real names and layouts."),
     "formats": ("k3ckpt.cli.formats", "List the registered weight formats."),
-    "gguf": ("k3ckpt.cli.gguf", "Write a K3 checkpoint as GGUF for llama.cpp (experts at IQ2_XS or MXFP4)."),
+    "gguf": ("k3ckpt.cli.gguf", "Write a K3, K2 or DeepSeek-V3 checkpoint as GGUF for llama.cpp (~2-bit experts)."),
     "requant": ("k3ckpt.cli.requant", "Requantize routed experts to a ~2.25-bpw format, with an error report."),
     "report": ("k3ckpt.cli.report", "Render an existing requant error report."),
     "plan": ("k3ckpt.cli.plan", "Place experts on a device set (GPUs, host RAM, NVMe) and write plan.json."),

@@ -18,6 +18,7 @@ import pytest
 from k3ckpt.errors import UnsupportedError
 from k3ckpt.gguf import container as C
 from k3ckpt.gguf import kimi_k3
+from k3ckpt.gguf.tensors import MXFP4
 from k3ckpt.io.reader import open_checkpoint
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "gguf" / "k3-tiny.converter.json").read_text())
@@ -31,7 +32,7 @@ def _source(ckpt):
 def k3_plan(k3_tiny):
     ckpt = open_checkpoint(k3_tiny)
     text = ckpt.config["text_config"]
-    planned, skipped = kimi_k3.plan_tensors(_source(ckpt), text, expert_type=kimi_k3.MXFP4)
+    planned, skipped = kimi_k3.plan_tensors(_source(ckpt), text, expert_type=MXFP4)
     return ckpt, text, planned, skipped
 
 
@@ -75,10 +76,10 @@ def test_unknown_tensor_and_missing_experts_are_refused(k3_plan):
     src = _source(ckpt)
     with pytest.raises(UnsupportedError, match="no kimi-k3 GGUF name"):
         kimi_k3.plan_tensors({**src, "language_model.model.layers.1.self_attn.mystery.weight": ("BF16", (4, 4))},
-                             text, expert_type=kimi_k3.MXFP4)
+                             text, expert_type=MXFP4)
     gone = {n: v for n, v in src.items() if ".experts.5.w2." not in n}
     with pytest.raises(UnsupportedError, match="1 of 8 routed experts missing, first is 5"):
-        kimi_k3.plan_tensors(gone, text, expert_type=kimi_k3.MXFP4)
+        kimi_k3.plan_tensors(gone, text, expert_type=MXFP4)
     with pytest.raises(UnsupportedError, match="situ"):
         kimi_k3.metadata({**text, "hidden_act": "silu"}, file_type=38)
 

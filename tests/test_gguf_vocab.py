@@ -41,7 +41,8 @@ def write_tiktoken(path, tokens):
 
 
 def test_merges_rebuilt_from_ranks_match_training(tmp_path):
-    corpus = [w.encode() for w in ("the cat sat on the mat with the hat " * 3 + "caf\u00e9 na\u00efve \u00e9t\u00e9").split()]
+    text = "the cat sat on the mat with the hat " * 3 + "caf\u00e9 na\u00efve \u00e9t\u00e9"
+    corpus = [w.encode() for w in text.split()]
     tokens, pairs = train_bpe(corpus, 25)
     write_tiktoken(tmp_path / "tiktoken.model", tokens)
     assert V.read_tiktoken(tmp_path / "tiktoken.model") == tokens

@@ -14,7 +14,7 @@ from k3ckpt.io import open_checkpoint
 
 pytestmark = pytest.mark.slow
 
-WEIGHTS = 247_296        # routed-expert weights: 384 experts x 3 projections x 61 MoE layers (+ MTP)
+WEIGHTS = 247_296        # routed-expert weights: 896 experts x 3 projections x 92 MoE layers
 COPIED = 2_628           # every other tensor (dense layers, attention, norms, vision tower)
 PARAMS = 2_722_740_830_208   # in the routed experts
 COPIED_BYTES = 114_404_258_816

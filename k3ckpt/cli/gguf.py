@@ -38,7 +38,7 @@ def command(src, out, expert_type, outtype, split_max_size, dry_run, as_json, qu
     Examples:
       k3ckpt gguf Kimi-K3 Kimi-K3-IQ2_XS.gguf --dry-run
       k3ckpt gguf Kimi-K3 Kimi-K3-MXFP4.gguf --expert-type mxfp4
-      llama-server -m Kimi-K3-IQ2_XS-00001-of-00017.gguf
+      llama-server -m Kimi-K3-IQ2_XS-00001-of-00020.gguf
     """
     from ..units import parse_size
 

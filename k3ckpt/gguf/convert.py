@@ -1,6 +1,6 @@
-"""A Kimi K3 checkpoint to a GGUF file (or splits) that llama.cpp's ``kimi-k3`` loads.
+"""A checkpoint to a GGUF file (or splits) that llama.cpp loads (``kimi-k3``, ``deepseek2``).
 
-One streaming pass: the plan (``kimi_k3.plan_tensors``) and metadata are fixed
+One streaming pass: the plan (``arch.plan``: the layout's tensors) and metadata are fixed
 first, then each tensor is produced in pieces (``produce.tensor_pieces``) and
 written at its final offset (``writer.GGUFWriter``), so memory is bounded by one
 expert, never a layer or the model.
@@ -14,17 +14,16 @@ from pathlib import Path
 
 from ..errors import UnsupportedError, UsageError
 from . import container as C
-from . import kimi_k3
-from .produce import IQ2_XS, tensor_pieces
+from .produce import tensor_pieces
+from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0
 from .vocab import kimi_vocab
 from .writer import GGUFWriter
 
 # --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
-EXPERT_TYPES = {"mxfp4": kimi_k3.MXFP4, "iq2_xs": IQ2_XS, "q8_0": kimi_k3.Q8_0, "bf16": kimi_k3.BF16,
-                "f16": kimi_k3.F16, "f32": kimi_k3.F32}
+EXPERT_TYPES = {"mxfp4": MXFP4, "iq2_xs": IQ2_XS, "q8_0": Q8_0, "bf16": BF16, "f16": F16, "f32": F32}
 OUT_TYPES = {k: EXPERT_TYPES[k] for k in ("bf16", "f16", "q8_0", "f32")}
 # llama.cpp's llama_ftype for a file labelled by its expert type (LlamaFileType)
-FILE_TYPES = {kimi_k3.MXFP4: 38, IQ2_XS: 20, kimi_k3.Q8_0: 7, kimi_k3.BF16: 32, kimi_k3.F16: 1, kimi_k3.F32: 0}
+FILE_TYPES = {MXFP4: 38, IQ2_XS: 20, Q8_0: 7, BF16: 32, F16: 1, F32: 0}
 
 
 def ggml_type(name: str, table: dict[str, int], option: str) -> int:

@@ -28,7 +28,7 @@ import re
 
 from ..errors import UnsupportedError
 from . import container as C
-from .tensors import BF16, F16, F32, MXFP4, Q8_0, ArchKeys, Planned, Recipe, kv_b_halves, layer_order, out_type  # noqa: F401 (types re-exported)
+from .tensors import ArchKeys, Planned, Recipe, kv_b_halves, layer_order, out_type
 
 ARCH = "kimi-k3"
 PREFIX = "language_model."

@@ -25,13 +25,15 @@ from .render import echo_json, human_bytes
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(src, out, expert_type, outtype, split_max_size, dry_run, as_json, quiet):
-    """Write OUT: the text model of the Kimi K3 checkpoint SRC as GGUF for llama.cpp's kimi-k3.
+    """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
+    model; Kimi K2 / DeepSeek-V3 (block FP8) as deepseek2.
 
     Tensor names, shapes, types and metadata are those llama.cpp's own converter
     writes (vision tower skipped); routed experts are stacked per layer and
     written one expert at a time, MXFP4 experts repacked losslessly (mxfp4) or
-    requantized by k3ckpt's encoder (iq2_xs). The vocabulary comes from the
-    folder's tiktoken.model and tokenizer_config.json; no remote code runs.
+    requantized by k3ckpt's encoder (iq2_xs), FP8 decoded tensor by tensor. The
+    vocabulary comes from the folder's tiktoken.model and tokenizer_config.json;
+    no remote code runs.
     With more than one file, pass llama.cpp the first (OUT-00001-of-0000N.gguf).
 
     \b

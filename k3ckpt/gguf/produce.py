@@ -1,7 +1,7 @@
 """The bytes of one planned GGUF tensor, from the source checkpoint, in pieces.
 
-A routed-expert tensor comes one expert at a time (a K3 layer's is 2.85 GB at
-IQ2_XS), everything else whole. Conversions follow llama.cpp's converter:
+A routed-expert tensor comes one expert at a time (``expert_piece``: a K3 layer's
+is 2.85 GB at IQ2_XS), everything else whole. Conversions follow llama.cpp's converter:
 floats go through float32, BF16 -> BF16 and F32 -> F32 keep their bytes, Q8_0
 is the ``gguf`` package's own quantizer (the one the converter calls), MXFP4
 experts are repacked losslessly (``formats.gguf_mxfp4.pair_to_gguf``) or decoded
@@ -10,6 +10,7 @@ and encoded by k3ckpt's encoders (IQ2_XS).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -19,6 +20,7 @@ from .container import type_name
 from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0, Planned
 
 CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
+DECODED = ("F8_BLOCK", "INT4_PACK")     # quantized sources _load returns as float32
 
 # ggml type -> k3ckpt format that writes ggml's block bytes: from an MXFP4 expert's codes, from floats
 _FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs"}
@@ -55,46 +57,98 @@ def float_bytes(x: np.ndarray, ggml_type: int) -> bytes:
 
 
 def _load(ckpt, sources: tuple[str, ...], src_dtype: str) -> np.ndarray:
-    """A source tensor as stored, or float32 for block FP8 (weight * its 128 x 128 scale, as the
-    converter dequantizes it: one float32 product)."""
+    """A source tensor as stored, or float32 for a quantized pair: block FP8 (weight * its 128 x 128
+    scale, as the converter dequantizes it: one float32 product) and pack-quantized INT4 (nibble - 8
+    times its group's scale, exact in float32, as the converter's ``dequant_packed``)."""
     if src_dtype == "F8_BLOCK":
         from ..formats.fp8_block import decode_fp8_block
 
         return decode_fp8_block(ckpt.read_raw(sources[0]), ckpt.read_raw(sources[1]), name=sources[0])
+    if src_dtype == "INT4_PACK":
+        from ..formats.int4_pack import decode_int4
+
+        return decode_int4(ckpt.read_raw(sources[0]), ckpt.read_raw(sources[1]), name=sources[0])
     return ckpt.read_raw(sources[0])
 
 
 def _copy_bytes(raw: np.ndarray, src_dtype: str, ggml_type: int) -> bytes:
-    if src_dtype == "F8_BLOCK":
+    if src_dtype in DECODED:
         return float_bytes(raw, ggml_type)       # already decoded by _load
     if (src_dtype, ggml_type) in (("BF16", BF16), ("F32", F32), ("F16", F16)):
         return np.ascontiguousarray(raw).tobytes()          # the source's bytes, as the converter keeps them
     return float_bytes(_as_f32(raw, src_dtype), ggml_type)
 
 
-def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int) -> bytes:
+def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int,
+            want_ref: bool = False) -> tuple[bytes, np.ndarray | None]:
+    """One expert's bytes and, with ``want_ref``, the float32 source values they stand for."""
+    from ..formats.mxfp4 import decode_pair
+
     if src_dtype != "MXFP4":
-        return _copy_bytes(_load(ckpt, srcs, src_dtype), src_dtype, ggml_type)
+        raw = _load(ckpt, srcs, src_dtype)
+        ref = (raw if src_dtype in DECODED else _as_f32(raw, src_dtype)) if want_ref else None
+        return _copy_bytes(raw, src_dtype, ggml_type), ref
     from ..formats import get_format
     from ..formats.gguf_mxfp4 import pair_to_gguf
 
     packed, scale = ckpt.read_raw(srcs[0]), ckpt.read_raw(srcs[1])
+    x = decode_pair(packed, scale, name=srcs[0]) if want_ref or ggml_type not in (MXFP4, *_FROM_MXFP4) else None
     if ggml_type == MXFP4:
-        return pair_to_gguf(packed, scale, name=srcs[0]).tobytes()
+        return pair_to_gguf(packed, scale, name=srcs[0]).tobytes(), x
     if ggml_type in _FROM_MXFP4:
-        return get_format(_FROM_MXFP4[ggml_type]).from_mxfp4(packed, scale, name=srcs[0])["packed"].tobytes()
-    from ..formats.mxfp4 import decode_pair
+        return get_format(_FROM_MXFP4[ggml_type]).from_mxfp4(packed, scale, name=srcs[0])["packed"].tobytes(), x
+    return float_bytes(x, ggml_type), x
 
-    return float_bytes(decode_pair(packed, scale, name=srcs[0]), ggml_type)
+
+def decode_ggml(data: bytes, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """float32 values of ``data``, a ``ggml_type`` tensor of numpy ``shape`` (rows last): k3ckpt's
+    decoders for the types it encodes, the ``gguf`` package's for the rest."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if ggml_type == F32:
+        return raw.view(np.float32).reshape(shape)
+    if ggml_type == IQ2_XS:
+        from ..formats.iq2xs import decode_iq2xs
+
+        return decode_iq2xs(raw.reshape(-1, len(data) // int(np.prod(shape[:-1])))).reshape(shape)
+    if ggml_type == MXFP4:
+        from ..formats.gguf_mxfp4 import decode_gguf
+
+        return decode_gguf(raw.reshape(-1, len(data) // int(np.prod(shape[:-1])))).reshape(shape)
+    import gguf
+
+    return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type)).reshape(shape).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class ExpertPiece:
+    """One routed expert's bytes in a stacked expert tensor, and (when measured) their error against
+    the source's own values (``requant.metrics.ErrorStats``)."""
+
+    expert: int
+    data: bytes
+    stats: object | None = None
+
+
+def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False) -> ExpertPiece:
+    """Expert ``expert`` of planned expert tensor ``p``; ``measure``: also its error against the
+    source values (decoded MXFP4 / FP8 / INT4, or the float weights), from our bytes decoded back."""
+    r, t = p.recipe, p.info.ggml_type
+    per = len(r.sources) // r.arg
+    srcs = r.sources[expert * per:(expert + 1) * per]
+    data, ref = _expert(ckpt, srcs, p.source_dtype, t, want_ref=measure)
+    if not measure:
+        return ExpertPiece(expert, data)
+    from ..requant.metrics import error_stats
+
+    return ExpertPiece(expert, data, error_stats(ref, decode_ggml(data, t, p.info.shape[1:])))
 
 
 def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
     """The bytes of planned tensor ``p``, in order."""
     r, t = p.recipe, p.info.ggml_type
     if r.kind == "experts":
-        per = len(r.sources) // r.arg
         for e in range(r.arg):
-            yield _expert(ckpt, r.sources[e * per:(e + 1) * per], p.source_dtype, t)
+            yield expert_piece(ckpt, p, e).data
         return
     entries = [ckpt.tensors[s] for s in r.sources]
     if r.kind == "copy":            # row chunks: K3's embedding and output are 2.35 GB each in BF16

@@ -15,7 +15,7 @@ from . import container as C
 F32, F16, Q8_0, IQ2_XS, BF16, MXFP4 = 0, 1, 8, 17, 30, 39
 # a source dtype's own GGUF type when no --outtype is given; block FP8 is decoded and kept as BF16
 # (what llama.cpp's converter writes for it with --outtype bf16)
-SOURCE_TYPES = {"BF16": BF16, "F16": F16, "F32": F32, "F8_BLOCK": BF16}
+SOURCE_TYPES = {"BF16": BF16, "F16": F16, "F32": F32, "F8_BLOCK": BF16, "INT4_PACK": BF16}
 # always float32 in the converter (base.py: the router, the KDA convolutions)
 FORCE_F32 = ("ffn_gate_inp.weight", "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight")
 

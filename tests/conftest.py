@@ -27,6 +27,13 @@ def kimi_k2_tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def kimi_k2_thinking_tiny(tmp_path_factory):
+    from k3ckpt.fixtures import make_fixture
+
+    return make_fixture("kimi-k2-thinking-tiny", tmp_path_factory.mktemp("kimi-k2-thinking-tiny") / "ckpt")
+
+
+@pytest.fixture(scope="session")
 def virtual_k3(tmp_path_factory):
     from k3ckpt.fixtures import make_virtual_k3
 

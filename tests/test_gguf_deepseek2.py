@@ -6,6 +6,7 @@ the llama-cpp-python 0.3.36 converter, `--outtype bf16`, on `k3ckpt fixture kimi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from k3ckpt.errors import UnsupportedError
 from k3ckpt.gguf import deepseek2
 from k3ckpt.gguf.convert import write_gguf
-from k3ckpt.gguf.tensors import BF16
+from k3ckpt.gguf.tensors import BF16, IQ2_XS
 from k3ckpt.io.reader import open_checkpoint
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "gguf" / "kimi-k2-tiny.converter.json").read_text())
@@ -80,6 +81,54 @@ def test_iq2_xs_experts_from_fp8(kimi_k2_tiny, tmp_path):
         x = decode_fp8_block(ckpt.read_raw(names[3]), ckpt.read_raw(names[3] + "_scale_inv"))
         assert pieces[3] == get_format("gguf-iq2_xs").encode(x)["packed"].tobytes()
         assert sum(map(len, pieces)) == p.info.nbytes
+
+
+def test_int4_experts_decode_exactly_and_encode(kimi_k2_thinking_tiny, tmp_path):
+    """K2-Thinking's pack-quantized INT4 experts: BF16 experts are the exact float32 products rounded
+    (what the converter's dequant_packed gives), the routed experts are the only INT4 tensors, and
+    IQ2_XS experts are our encoder's bytes of those values, with the error measured against them."""
+    from k3ckpt.formats import get_format
+    from k3ckpt.formats.int4_pack import decode_int4_ref
+    from k3ckpt.gguf.produce import expert_piece
+
+    with open_checkpoint(kimi_k2_thinking_tiny) as ckpt:
+        planned, _ = deepseek2.plan_tensors(_source(ckpt), ckpt.config, expert_type=BF16)
+        int4 = sorted({p.info.name.split(".", 2)[2] for p in planned if p.source_dtype == "INT4_PACK"})
+        assert int4 == ["ffn_down_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight"]
+        res = write_gguf(ckpt, tmp_path / "k2t.gguf", expert_type="bf16")
+        ts = {t.name: t for t in gguf.GGUFReader(res.paths[0]).tensors}
+        base = "model.layers.2.mlp.experts.6.up_proj.weight"
+        x = decode_int4_ref(ckpt.read_raw(base + "_packed"), ckpt.read_raw(base + "_scale"))
+        exps = np.asarray(ts["blk.2.ffn_up_exps.weight"].data).view(np.uint16)
+        assert exps[6].tobytes() == gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16).tobytes()
+
+        gate = next(p for p in planned if p.info.name == "blk.1.ffn_gate_exps.weight")
+        gate = dataclasses.replace(gate, info=dataclasses.replace(gate.info, ggml_type=IQ2_XS))
+        piece = expert_piece(ckpt, gate, 3, measure=True)
+        base = "model.layers.1.mlp.experts.3.gate_proj.weight"
+        x = decode_int4_ref(ckpt.read_raw(base + "_packed"), ckpt.read_raw(base + "_scale"))
+        packed = get_format("gguf-iq2_xs").encode(x)["packed"]
+        assert piece.data == packed.tobytes()
+        from k3ckpt.formats.iq2xs import decode_iq2xs_ref
+        from k3ckpt.requant.metrics import error_stats_reference
+
+        assert piece.stats.snr_db == pytest.approx(error_stats_reference(x, decode_iq2xs_ref(packed)).snr_db,
+                                                   rel=1e-12)
+        assert 3.0 < piece.stats.snr_db < 20.0
+
+
+def test_int4_layouts_it_cannot_decode_are_refused(kimi_k2_thinking_tiny):
+    with open_checkpoint(kimi_k2_thinking_tiny) as ckpt:
+        src, cfg = _source(ckpt), json.loads(json.dumps(ckpt.config))
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128
+    with pytest.raises(UnsupportedError, match="symmetric 4-bit INT4 in groups of 32.*group 128"):
+        deepseek2.plan_tensors(src, cfg, expert_type=BF16)
+    cfg["quantization_config"] = {"quant_method": "awq"}
+    with pytest.raises(UnsupportedError, match="from 'awq'"):
+        deepseek2.plan_tensors(src, cfg, expert_type=BF16)
+    lone = {n: v for n, v in src.items() if n != "model.layers.1.mlp.experts.0.up_proj.weight_scale"}
+    with pytest.raises(UnsupportedError, match="INT4 without model.layers.1.mlp.experts.0.up_proj.weight_scale"):
+        deepseek2.plan_tensors(lone, ckpt.config, expert_type=BF16)
 
 
 def test_mtp_layers_and_unknown_tensors(kimi_k2_tiny):

@@ -1,4 +1,5 @@
-"""The ``deepseek2`` GGUF layout of a DeepSeek-V3 / Kimi K2 checkpoint (block FP8 or BF16).
+"""The ``deepseek2`` GGUF layout of a DeepSeek-V3 / Kimi K2 checkpoint (block FP8, BF16, or
+K2-Thinking's pack-quantized INT4 experts).
 
 llama.cpp's converter (``conversion/deepseek.py``, ``DeepseekV2Model``, llama-cpp-python
 0.3.36) is the spec, read and rewritten here:
@@ -6,6 +7,8 @@ llama.cpp's converter (``conversion/deepseek.py``, ``DeepseekV2Model``, llama-cp
 - block-FP8 weights (``weight`` F8_E4M3 + ``weight_scale_inv`` per 128 x 128) are
   decoded tensor by tensor to float32, never to a BF16 copy on disk, and written as
   BF16 (``--outtype`` changes that) or, for routed experts, as ``--expert-type``;
+- pack-quantized INT4 weights (``weight_packed`` / ``weight_scale`` / ``weight_shape``) likewise,
+  ``(nibble - 8) * scale`` exactly in float32 as the converter's ``dequant_packed``;
 - ``kv_b_proj`` split into ``attn_k_b`` (transposed) and ``attn_v_b``; routed experts
   stacked into ``ffn_{gate,up,down}_exps``; MTP layers (index >= num_hidden_layers)
   skipped; ``lm_head`` skipped when the embeddings are tied;
@@ -46,16 +49,28 @@ _LAYER_NAMES = {
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
 }
 SCALE = "_scale_inv"          # block FP8's per-tile scale: <weight>_scale_inv
+_PACKED = ".weight_packed"    # pack-quantized INT4: <base>.weight_packed, _scale, _shape
 
 
 def _weights(tensors: dict[str, tuple[str, tuple[int, ...]]]):
-    """(name, dtype, shape, sources): a block-FP8 weight and its scale are one logical weight."""
+    """(name, dtype, shape, sources): a block-FP8 weight and its scale are one logical weight, and so
+    are a pack-quantized INT4 weight's ``weight_packed`` / ``weight_scale`` / ``weight_shape``
+    (K2-Thinking's experts; named ``<base>.weight`` and typed ``INT4_PACK``)."""
     for name, (dtype, shape) in tensors.items():
         if name.endswith(SCALE):
             if name[: -len(SCALE)] not in tensors:
                 raise UnsupportedError(f"{name}: a block-FP8 scale without its weight")
             continue
-        if dtype == "F8_E4M3":
+        if name.endswith(_PACKED):
+            base = name[: -len(_PACKED)]
+            if base + ".weight_scale" not in tensors:
+                raise UnsupportedError(f"{name}: pack-quantized INT4 without {base}.weight_scale")
+            rows, words = shape
+            yield base + ".weight", "INT4_PACK", (int(rows), int(words) * 8), (name, base + ".weight_scale")
+        elif name.endswith((".weight_scale", ".weight_shape")):
+            if name.rsplit(".", 1)[0] + _PACKED not in tensors:
+                raise UnsupportedError(f"{name}: an INT4 {name.rsplit('_', 1)[1]} without its weight_packed")
+        elif dtype == "F8_E4M3":
             if name + SCALE not in tensors:
                 raise UnsupportedError(f"{name}: F8_E4M3 without {name + SCALE} (only block FP8 is mapped)")
             yield name, "F8_BLOCK", tuple(shape), (name, name + SCALE)
@@ -63,13 +78,32 @@ def _weights(tensors: dict[str, tuple[str, tuple[int, ...]]]):
             yield name, dtype, tuple(shape), (name,)
 
 
+def _check_quantization(config: dict) -> None:
+    """Block FP8 (K2, DeepSeek-V3), BF16, or compressed-tensors pack-quantized INT4 with symmetric
+    groups (K2-Thinking: 4 bits, group 32), the one INT4 layout ``formats.int4_pack`` decodes."""
+    q = config.get("quantization_config") or {}
+    method = q.get("quant_method")
+    if method in (None, "fp8"):
+        return
+    if method == "compressed-tensors" and q.get("format") == "pack-quantized":
+        from ..formats.int4_pack import GROUP
+
+        for g in (q.get("config_groups") or {}).values():
+            w = g.get("weights") or {}
+            if (w.get("num_bits"), w.get("group_size"), w.get("symmetric", True)) != (4, GROUP, True):
+                raise UnsupportedError(f"deepseek2 GGUF maps symmetric 4-bit INT4 in groups of {GROUP}; this "
+                                       f"checkpoint has {w.get('num_bits')} bits, group {w.get('group_size')}, "
+                                       f"symmetric={w.get('symmetric')}")
+        return
+    raise UnsupportedError(f"deepseek2 GGUF from {method!r} ({q.get('format')}) weights is not mapped yet "
+                           "(block FP8, BF16 and pack-quantized INT4 are)")
+
+
 def plan_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], config: dict, *, expert_type: int,
                  outtype: int | None = None) -> tuple[list[Planned], list[str]]:
     """The GGUF tensors of a DeepSeek-V3 / Kimi K2 checkpoint in layer order, and the source names
     skipped (MTP layers, a tied ``lm_head``); ``UnsupportedError`` for a tensor it does not know."""
-    if config.get("quantization_config", {}).get("quant_method") not in (None, "fp8"):
-        raise UnsupportedError(f"deepseek2 GGUF from {config['quantization_config'].get('quant_method')!r} "
-                               "weights is not mapped yet (block FP8 and BF16 are)")
+    _check_quantization(config)
     layers = int(config["num_hidden_layers"])
     n_experts = int(config["n_routed_experts"])
     v_dim, nope = int(config["v_head_dim"]), int(config["qk_nope_head_dim"])

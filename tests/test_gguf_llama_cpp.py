@@ -241,6 +241,20 @@ def test_kimi_k2_fp8_matches_the_converter_and_runs_the_same(llama_cpp, converte
     np.testing.assert_array_equal(_logits(llama_cpp, theirs), _logits(llama_cpp, mine))
 
 
+def test_kimi_k2_thinking_int4_matches_the_converter_and_runs_the_same(llama_cpp, converter_dir,
+                                                                     kimi_k2_thinking_tiny, tmp_path):
+    """deepseek2 from K2-Thinking's pack-quantized INT4 experts: the converter dequantizes them
+    (dequant_packed) and writes BF16; so do we. Same bytes, same metadata, identical logits."""
+    theirs = _convert(converter_dir, kimi_k2_thinking_tiny, tmp_path / "conv.gguf", "kimi-k2-tiny")
+    with open_checkpoint(kimi_k2_thinking_tiny) as ckpt:
+        mine = write_gguf(ckpt, tmp_path / "ours.gguf", expert_type="bf16").paths[0]
+    want, got = _tensors(theirs), _tensors(mine)
+    assert sorted(got) == sorted(want)
+    assert [n for n in want if _bytes(got[n]) != _bytes(want[n]) or got[n].tensor_type != want[n].tensor_type] == []
+    assert _fields(mine) == _fields(theirs)
+    np.testing.assert_array_equal(_logits(llama_cpp, theirs), _logits(llama_cpp, mine))
+
+
 def test_kimi_k2_yarn_rope_keys_match_the_converter(converter_dir, kimi_k2_tiny, tmp_path):
     """Kimi K2's real rope settings (YaRN, factor 32 from 4,096), set on the tiny K2's config."""
     import json

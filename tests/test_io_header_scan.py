@@ -54,6 +54,31 @@ def test_scanner_takes_writer_output_and_agrees(monkeypatch):
     assert isinstance(h, H.Header) and len(h.tensors) == 200 and h.metadata["note"] == "a {b} [c], d:e"
 
 
+def test_key_order_apart_from_offset_order(monkeypatch):
+    """Keys sorted by name (the stock writer's order) with data laid out otherwise, repeated
+    (dtype, shape) pairs and empty tensors sharing an offset: the fast path accepts it and
+    gives the strict parser's Header, kind table included."""
+    from k3ckpt.io._header_scan import plain_header
+
+    rng = random.Random(5)
+    doc, pos = {}, 0
+    for i in rng.sample(range(300), 300):
+        shape = [rng.choice([0, 1, 7, 32]), rng.choice([2, 16])]
+        n = shape[0] * shape[1] * 2
+        doc[f"t.{i:03d}"] = {"dtype": "BF16", "shape": shape, "data_offsets": [pos, pos + n]}
+        pos += n
+    raw = json.dumps(dict(sorted(doc.items())), separators=(",", ":")).encode()
+    assert plain_header(raw, source="x") is not None
+    h = _same(raw, monkeypatch, file_size=8 + len(raw) + pos)
+    assert list(h.tensors) != sorted(h.tensors) and h.data_size == pos
+    strict = _outcome(raw, monkeypatch, plain=False)
+    fast = _outcome(raw, monkeypatch, plain=True)
+    kinds, kind_of = fast.kind_table()
+    assert len(set(kinds)) == len(kinds) and (kinds, kind_of.tolist()) == (
+        strict.kind_table()[0], strict.kind_table()[1].tolist())
+    assert [kinds[k] for k in kind_of] == [(t.dtype, t.shape) for t in h.tensors.values()]
+
+
 def test_whitespace_layouts_agree(monkeypatch):
     doc = json.loads(_header(30, metadata={"a": "b"}))
     for raw in (json.dumps(doc, indent=2).encode(), json.dumps(doc).encode(),

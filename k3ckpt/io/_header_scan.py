@@ -8,22 +8,32 @@ arrays.  It accepts only the plain form -- an object of
 ``"name":{"dtype":"D","shape":[...],"data_offsets":[b,e]}`` members in that key
 order, an optional ``__metadata__`` object of plain strings, whitespace
 between tokens, no backslash escapes, integers below 10**18 -- and answers
-"not plain" for anything else, so the caller falls back to the full strict
-parser, which names the problem.  A header the scanner accepts is valid JSON
-with exactly the meaning its arrays describe; the caller still checks the
-safetensors rules (dtypes, sizes, contiguity, duplicate names).
+"not plain" for anything else.  A header the scanner accepts is valid JSON
+with exactly the meaning its arrays describe; ``plain_header`` then checks the
+safetensors rules (dtypes, sizes, contiguity, duplicate names) over whole
+columns, once per distinct (dtype, shape).  Anything not plain or breaking a
+rule gives None, and the strict parser in ``header.py`` decides and names the
+problem: this is the one fast path beside it, held to it by differential tests
+(tests/test_io_header_scan.py).
 
 ``scan_index`` does the same for ``model.safetensors.index.json``: the
 ``weight_map`` object of plain strings as columns, every other top-level
-member as a byte span the caller parses strictly (they are small).
+member as a byte span parsed strictly (they are small).
 """
 
 from __future__ import annotations
 
+import functools
+import operator
+from typing import Any
+
 import numpy as np
 
 from .._numba import njit
+from ..errors import InvalidFileError, UnsupportedError
+from . import dtypes
 from ._span_ids import span_ids
+from .header import TensorInfo, _parse_metadata, loads_strict
 
 # Columns of the ``spans`` array returned per tensor.
 NAME_S, NAME_E, DTYPE_S, DTYPE_E, SHAPE_S, SHAPE_E, BEGIN, END = range(8)
@@ -403,3 +413,119 @@ def scan_index(buf):
         return False, members, np.empty(0, dtype=np.uint8), empty, empty, pairs
     kind, first = span_ids(buf, pairs[:, 2], pairs[:, 3])
     return True, members, _names_blob(buf, pairs[:, 0], pairs[:, 1]), kind, first, pairs
+
+
+# ---------------------------------------------------------------------------
+# the scans' columns checked with the header rules (Python, once per kind)
+
+
+def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tuple, int] | None:
+    """A large header in the plain form, checked with every rule of the strict
+    parser: (tensors by name in (begin, end) order, metadata, kind table as
+    ``Header.kinds``, data size); None when it is not plain or breaks a rule,
+    and the strict parser decides (and names the problem)."""
+    if not raw.isascii():
+        return None
+    spans, meta, blob, kind_of, first = scan_header(np.frombuffer(raw, dtype=np.uint8))
+    if meta[0] == -2 or len(spans) < 2:
+        return None
+    kinds = []
+    for t in first.tolist():
+        d0, d1, s0, s1 = spans[t, DTYPE_S:SHAPE_E + 1].tolist()
+        shape = raw[s0:s1]
+        kinds.append((raw[d0:d1].decode("ascii"), tuple(map(int, shape.split(b","))) if shape.strip() else ()))
+    checked = _check_kinds(kinds, kind_of)
+    if checked is None:
+        return None
+    canon, kind_of, sizes = checked
+    begin = spans[:, BEGIN]
+    end = spans[:, END]
+    if not np.array_equal(end - begin, sizes[kind_of]):
+        return None
+    order = np.lexsort((end, begin))   # stable: empty tensors sharing an offset keep header order
+    b, e = begin[order], end[order]
+    if b[0] != 0 or not np.array_equal(b[1:], e[:-1]):
+        return None
+    names = blob.tobytes().decode("ascii").split("\n")
+    # kinds renumbered in order of first appearance among the sorted tensors, as
+    # ``Header.kind_table`` numbers them for a header the strict parser read
+    k = kind_of[order]
+    used, at = np.unique(k, return_index=True)
+    by_first = used[np.argsort(at)]
+    renum = np.empty(len(canon), dtype=np.int64)
+    renum[by_first] = np.arange(len(by_first))
+    k = renum[k]
+    canon = [canon[i] for i in by_first.tolist()]
+    ks = k.tolist()
+    dts, shapes = zip(*canon)
+    names = operator.itemgetter(*order.tolist())(names)
+    infos = map(_new_info, zip(names, operator.itemgetter(*ks)(dts), operator.itemgetter(*ks)(shapes),
+                               b.tolist(), e.tolist()))
+    tensors = dict(zip(names, infos))
+    if len(tensors) != len(names):   # a repeated name: the strict parser names it
+        return None
+    metadata: dict[str, str] = {}
+    if meta[0] >= 0:
+        try:
+            metadata = _parse_metadata(loads_strict(raw[meta[0]: meta[1]], source=source), source=source)
+        except InvalidFileError:
+            return None
+    return tensors, metadata, (canon, k), int(e[-1])
+
+
+def _check_kinds(kinds: list[tuple[str, tuple[int, ...]]], kind_of: np.ndarray
+                 ) -> tuple[list[tuple[str, tuple[int, ...]]], np.ndarray, np.ndarray] | None:
+    """The distinct (dtype, shape) pairs with canonical dtype names, each tensor's
+    index into them and each pair's byte size; None if a dtype is unknown, a
+    size does not end on a byte or is not below 2**63 (the scan's offsets are)."""
+    ids: dict[tuple, int] = {}
+    remap = []
+    sizes = []
+    for dt_name, shape in kinds:
+        try:
+            dt = dtypes.lookup(dt_name)
+        except UnsupportedError:
+            return None
+        numel = 1
+        for d in shape:
+            numel *= d
+            if numel >= _SIZE_LIMIT:   # stops a long shape of large dims early
+                return None
+        if numel * dt.bits % 8 or numel * dt.bits // 8 >= _SIZE_LIMIT:
+            return None
+        key = (dt.name, shape)
+        if key not in ids:
+            ids[key] = len(ids)
+            sizes.append(numel * dt.bits // 8)
+        remap.append(ids[key])
+    return list(ids), np.array(remap, dtype=np.int64)[kind_of], np.array(sizes, dtype=np.int64)
+
+
+_SIZE_LIMIT = 1 << 63
+_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo from a 5-tuple, no Python frame
+
+
+def plain_index(raw: bytes, *, source: str, what: str) -> dict | None:
+    """A large index file in the plain form, as ``loads_strict`` would give it;
+    None when it is not plain or a strict parse would fail (which then says why)."""
+    if not raw.isascii():
+        return None
+    ok, members, blob, kind, first, pairs = scan_index(np.frombuffer(raw, dtype=np.uint8))
+    if not ok:
+        return None
+    names = blob.tobytes().decode("ascii").split("\n") if len(pairs) else []
+    shards = [raw[a:b].decode("ascii") for a, b in pairs[first][:, 2:4].tolist()]
+    weight_map = dict(zip(names, map(shards.__getitem__, kind.tolist())))
+    if len(weight_map) != len(names):   # a repeated name: the strict parser names it
+        return None
+    obj: dict[str, Any] = {}
+    for k0, k1, v0, v1 in members.tolist():
+        key = raw[k0 + 1: k1 - 1].decode("ascii")
+        if key in obj:
+            return None
+        try:
+            obj[key] = loads_strict(raw[v0:v1], source=source, what=what)
+        except InvalidFileError:
+            return None
+    obj["weight_map"] = weight_map
+    return obj

@@ -18,17 +18,20 @@ reader (safetensors 0.8.0, Rust ``Metadata::validate``) and are listed in
 
 Sizes are Python ints throughout: a hostile shape cannot overflow or make us
 allocate anything.
+
+The parser here is the reference: JSON with hooks, then entry by entry.  One
+fast path (``_header_scan``, numba) reads large headers and index files in the
+plain form writers emit; it answers "not plain" for anything else, and for any
+input breaking a rule, and this parser then decides and names the problem.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import operator
 import os
-import re
 import stat
 import struct
 from dataclasses import dataclass, field
@@ -168,43 +171,6 @@ def _pairs_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-_SLOW = object()
-# Every object key is a string followed by optional white space and a colon.
-# Counting that pattern can only over-count keys (a string *value* may contain
-# '":'), so equality with the parsed pair count proves no key was repeated.
-_KEY_END = re.compile(r'"[ \t\n\r]*:')
-_KEY_GAP = re.compile(r'"[ \t\n\r]+:')
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _shallow_pairs(obj: Any) -> int:
-    """Key/value pairs in the top two object levels (never inside arrays).
-    Safetensors headers and index files nest no deeper; a deeper document
-    under-counts and takes the slow path, which is always safe."""
-    if type(obj) is not dict:
-        return 0
-    return len(obj) + sum([len(v) for v in obj.values() if type(v) is dict])
-
-
-def _count_keys(text: str) -> int:
-    """Upper bound on the object keys in ``text`` (see ``_KEY_END``)."""
-    if _KEY_GAP.search(text) is None:  # compact JSON: plain substring count, 3x faster
-        return text.count('":')
-    return len(_KEY_END.findall(text))
-
-
-def _loads_fast(text: str, parse_float: Any = None) -> Any:
-    """The C parser with no hooks, then cheap whole-text checks for what the hooks
-    would catch; ``_SLOW`` when those checks cannot decide (the hooked parse then
-    names the exact problem).  A 497,220-tensor K3 index parses 10x faster."""
-    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
-        return _SLOW
-    obj = json.loads(text, parse_constant=_reject_constant, parse_float=parse_float)
-    if _count_keys(text) != _shallow_pairs(obj):
-        return _SLOW
-    return obj
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
@@ -224,20 +190,17 @@ def paused_gc() -> Iterator[None]:
 
 
 def loads_strict(raw: bytes, *, source: str, what: str = "JSON", parse_float: Any = None) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity.  Any failure is an
-    ``InvalidFileError`` naming ``source`` (also used for index and config files).
-    ``parse_float`` is passed to ``json.loads``."""
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, no lone surrogates.
+    Any failure is an ``InvalidFileError`` naming ``source`` (also used for index
+    and config files).  ``parse_float`` is passed to ``json.loads``."""
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:
         raise InvalidFileError(f"{what} is not valid UTF-8 (byte {e.start}: {e.reason})", file=source) from None
     try:
         with paused_gc():
-            fast = _loads_fast(text, parse_float)
-        if fast is not _SLOW:
-            return fast
-        return json.loads(text, object_pairs_hook=_pairs_no_duplicates, parse_constant=_reject_constant,
-                          parse_float=parse_float)
+            return json.loads(text, object_pairs_hook=_pairs_no_duplicates, parse_constant=_reject_constant,
+                              parse_float=parse_float)
     except _DuplicateKey as e:
         raise InvalidFileError(f"{what} has the key {e.key!r} more than once", file=source) from None
     except _LoneSurrogate as e:
@@ -248,40 +211,22 @@ def loads_strict(raw: bytes, *, source: str, what: str = "JSON", parse_float: An
         raise InvalidFileError(f"{what} does not parse: {e}", file=source) from None
 
 
+# Inputs this large in the plain form go through the fast path; smaller ones parse
+# quickly enough here, and numba's import (half a second) is spared.
+_PLAIN_SCAN_MIN = 1 << 18
+
+
 def loads_index(raw: bytes, *, source: str, what: str = "index JSON") -> Any:
-    """An index file, exactly as ``loads_strict`` gives it; a large one in the
-    plain form every writer emits is read by one scan (``scan_index``)
-    instead of building the JSON objects of half a million entries."""
-    plain = _plain_index(bytes(raw), source=source, what=what)
-    return plain if plain is not None else loads_strict(raw, source=source, what=what)
+    """An index file, exactly as ``loads_strict`` gives it (a large plain one by
+    the fast path, ``_header_scan.plain_index``)."""
+    raw = bytes(raw)
+    if len(raw) >= _PLAIN_SCAN_MIN:
+        from ._header_scan import plain_index
 
-
-def _plain_index(raw: bytes, *, source: str, what: str) -> dict | None:
-    if len(raw) < _PLAIN_SCAN_MIN or not raw.isascii():
-        return None
-    from ._header_scan import scan_index
-
-    ok, members, blob, kind, first, pairs = scan_index(np.frombuffer(raw, dtype=np.uint8))
-    if not ok:
-        return None
-    names = blob.tobytes().decode("ascii").split("\n") if len(pairs) else []
-    if len(names) != len(pairs):
-        return None
-    shards = [raw[a:b].decode("ascii") for a, b in pairs[first][:, 2:4].tolist()]
-    weight_map = dict(zip(names, map(shards.__getitem__, kind.tolist())))
-    if len(weight_map) != len(names):   # a repeated name: the strict parser names it
-        return None
-    obj: dict[str, Any] = {}
-    for k0, k1, v0, v1 in members.tolist():
-        key = raw[k0 + 1: k1 - 1].decode("ascii")
-        if key in obj:
-            return None
-        try:
-            obj[key] = loads_strict(raw[v0:v1], source=source, what=what)
-        except InvalidFileError:   # the strict parse of the whole file says where
-            return None
-    obj["weight_map"] = weight_map
-    return obj
+        plain = plain_index(raw, source=source, what=what)
+        if plain is not None:
+            return plain
+    return loads_strict(raw, source=source, what=what)
 
 
 def _is_int(x: Any) -> bool:
@@ -325,6 +270,7 @@ def _checked_nbytes(dt: dtypes.DType, shape: tuple[int, ...], have: int, *, sour
 
 
 def _parse_metadata(value: Any, *, source: str) -> dict[str, str]:
+    """The ``__metadata__`` value of a parsed header: str -> str (null: none)."""
     if value is None:  # the reference reader reads null as "no metadata" (serde Option)
         return {}
     if not isinstance(value, dict):
@@ -384,176 +330,40 @@ def _short(x: Any, limit: int = 80) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-_GET_ENTRY = operator.itemgetter("dtype", "shape", "data_offsets")
-
-
-def _bulk_infos(obj: dict) -> list[TensorInfo] | None:
-    """All entries of a parsed header at once (see ``_infos_from_columns``), when
-    every one is plainly well formed; None otherwise, and the entry-by-entry walk
-    names the problem.  Only for documents without float or true/false
-    literals, where every JSON number is a Python int."""
-    names = [k for k in obj if k != METADATA_KEY]
-    entries = list(map(obj.__getitem__, names))
-    if len(names) < 2 or set(map(type, entries)) != {dict} or set(map(len, entries)) != {3}:
-        return None
-    try:
-        dts, shapes, offs = zip(*map(_GET_ENTRY, entries))
-        if set(map(type, shapes)) != {list} or set(map(type, offs)) != {list} or set(map(len, offs)) != {2}:
-            return None
-        begin = np.array([o[0] for o in offs], dtype=np.int64)
-        end = np.array([o[1] for o in offs], dtype=np.int64)
-        keys = list(zip(dts, map(tuple, shapes)))
-        ids: dict[tuple, int] = {}
-        kind_of = np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return None
-    got = _infos_from_columns(names, list(ids), kind_of, begin, end)
-    return None if got is None else got[0]
-
-
-def _infos_from_columns(names, kinds: list[tuple], kind_of: np.ndarray, begin: np.ndarray,
-                        end: np.ndarray) -> tuple[list[TensorInfo], tuple] | None:
-    """Header entries sorted by offsets, from the tensor names, the distinct
-    (dtype name, shape) pairs ``kinds``, each tensor's index into ``kinds`` and
-    the offset columns, with the kind table in that order (``Header.kinds``);
-    None unless every dtype is known, every size matches its shape and the data
-    is contiguous from 0.  Checks run once per kind and over
-    whole columns (numpy): a 497,220-tensor K3 holds a few hundred kinds."""
-    sizes: list[int] = []
-    canon: list[tuple[str, tuple[int, ...]]] = []
-    try:
-        for dt_name, shape in kinds:
-            if type(dt_name) is not str or not all(type(d) is int and 0 <= d < _U64_LIMIT for d in shape):
-                return None
-            dt = dtypes.lookup(dt_name)
-            n = dt.nbytes(shape)
-            if n is None:
-                return None
-            sizes.append(n)
-            canon.append((dt.name, shape))
-        want = np.array(sizes, dtype=np.int64)[kind_of]
-    except (TypeError, ValueError, OverflowError, UnsupportedError):
-        return None
-    if len(names) < 2 or begin.min() < 0 or not np.array_equal(end - begin, want):
-        return None
-    order = np.lexsort((end, begin))
-    b, e = begin[order], end[order]
-    if b[0] != 0 or not np.array_equal(b[1:], e[:-1]):
-        return None
-    pick = operator.itemgetter(*order.tolist())
-    dts, shapes = zip(*canon)
-    sorted_kinds = kind_of[order]
-    k = sorted_kinds.tolist()
-    infos = list(map(_new_info, zip(pick(names), operator.itemgetter(*k)(dts), operator.itemgetter(*k)(shapes),
-                                    b.tolist(), e.tolist())))
-    return infos, (canon, sorted_kinds)
-
-
-_PLAIN_SCAN_MIN = 1 << 18   # smaller headers parse fast enough as JSON; spares numba's import
-
-
-def _plain_header(raw: bytes, source: str) -> tuple[list[TensorInfo], dict[str, str], tuple] | None:
-    """Entries and metadata of a large header in the plain form every writer
-    emits (``_header_scan``), without building JSON objects; None when the
-    header is not plain or breaks a rule, and the strict parser decides."""
-    if len(raw) < _PLAIN_SCAN_MIN or not raw.isascii():
-        return None
-    from ._header_scan import scan_header
-
-    spans, meta, blob, kind_of, first = scan_header(np.frombuffer(raw, dtype=np.uint8))
-    if meta[0] == -2 or len(spans) < 2:
-        return None
-    names = blob.tobytes().decode("ascii").split("\n")
-    if len(names) != len(spans) or len(set(names)) != len(names):
-        return None
-    kinds = []
-    for t in first.tolist():
-        d0, d1, s0, s1 = spans[t, 2:6].tolist()
-        shape = raw[s0:s1].decode("ascii")
-        kinds.append((raw[d0:d1].decode("ascii"), tuple(int(d) for d in shape.split(",")) if shape.strip() else ()))
-    got = _infos_from_columns(names, kinds, kind_of, spans[:, 6], spans[:, 7])
-    if got is None:
-        return None
-    metadata: dict[str, str] = {}
-    if meta[0] >= 0:
-        obj = loads_strict(raw[meta[0]: meta[1]], source=source, what="header JSON")
-        metadata = _parse_metadata(obj, source=source)
-    return got[0], metadata, got[1]
-
-
-_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo from a 5-tuple, no Python frame
-
-
 _START_END = operator.itemgetter(3, 4)   # TensorInfo (start, end)
 _DTYPE_SHAPE = operator.itemgetter(1, 2)
-_START = operator.itemgetter(3)
-_END = operator.itemgetter(4)
 
 
 def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) -> Header:
     """Validate the N JSON bytes of a header.  With ``file_size`` (the whole
     file, prefix included) the data must end exactly at the end of the file."""
+    raw = bytes(raw)
     n = len(raw)
-    if not bytes(raw[:1]) == b"{":  # reference reader: InvalidHeaderStart
-        raise InvalidFileError(f"header JSON must start with '{{', found {bytes(raw[:1])!r}", file=source)
-    plain = _plain_header(bytes(raw), source)
-    if plain is not None:
-        return _finish_header(plain[0], plain[1], n, source=source, file_size=file_size, kinds=plain[2])
-    floats: list[str] = []
-    obj = loads_strict(raw, source=source, what="header JSON", parse_float=lambda t: floats.append(t) or float(t))
+    if not raw[:1] == b"{":  # reference reader: InvalidHeaderStart
+        raise InvalidFileError(f"header JSON must start with '{{', found {raw[:1]!r}", file=source)
+    if n >= _PLAIN_SCAN_MIN:
+        from ._header_scan import plain_header
+
+        plain = plain_header(raw, source=source)
+        if plain is not None:
+            tensors, metadata, kinds, data_end = plain
+            _check_file_size(data_end, n, source=source, file_size=file_size)
+            return Header(tensors=tensors, metadata=metadata, header_size=n, kinds=kinds)
+    return _parse_header_strict(raw, n, source=source, file_size=file_size)
+
+
+def _parse_header_strict(raw: bytes, n: int, *, source: str, file_size: int | None) -> Header:
+    obj = loads_strict(raw, source=source, what="header JSON")
     if not isinstance(obj, dict):  # pragma: no cover - a '{' start guarantees an object or a parse error
         raise InvalidFileError(f"header JSON must be an object, found {type(obj).__name__}", file=source)
-
-    metadata: dict[str, str] = {}
-    infos: list[TensorInfo] = []
-    # Real headers repeat a few (dtype, shape) pairs thousands of times (a K3
-    # MoE shard: 5,404 tensors, ~20 distinct).  Once a pair passed the full
-    # check, later entries with it only need their offsets checked.  Only safe
-    # when the text has no true/false/float literals: JSON true == 1 and 1.0 == 1
-    # in Python, so such a document takes the full check for every entry.
-    text = bytes(raw)
-    memo: dict[tuple, tuple[str, tuple[int, ...], int]] | None = (
-        {} if not (floats or b"true" in text or b"false" in text) else None
-    )
-    if METADATA_KEY in obj:
-        metadata = _parse_metadata(obj[METADATA_KEY], source=source)
-    bulk = _bulk_infos(obj) if memo is not None else None
-    for name, entry in () if bulk is not None else obj.items():
-        if name == METADATA_KEY:
-            continue
-        if memo is not None and type(entry) is dict and len(entry) == 3:
-            try:
-                hit = memo.get((entry["dtype"], *entry["shape"]))
-                begin, end = entry["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                hit = None
-            if (hit is not None and type(begin) is int and type(end) is int
-                    and 0 <= begin and end - begin == hit[2] and end < _U64_LIMIT):
-                infos.append(TensorInfo(name, hit[0], hit[1], begin, end))
-                continue
-        info = _parse_entry(name, entry, source=source)
-        if memo is not None:
-            memo[(info.dtype, *info.shape)] = (info.dtype, info.shape, info.nbytes)
-        infos.append(info)
-
+    metadata = _parse_metadata(obj[METADATA_KEY], source=source) if METADATA_KEY in obj else {}
+    infos = [_parse_entry(name, entry, source=source) for name, entry in obj.items() if name != METADATA_KEY]
     # Contiguity after sorting by (begin, end): empty tensors sharing an offset
     # sort before the tensor that starts there; ties keep header order.
-    if bulk is not None:
-        infos = bulk
-    else:
-        infos.sort(key=_START_END)
-    return _finish_header(infos, metadata, n, source=source, file_size=file_size)
-
-
-def _finish_header(infos: list[TensorInfo], metadata: dict[str, str], n: int, *, source: str,
-                   file_size: int | None, kinds: tuple | None = None) -> Header:
-    """The contiguity and file-size rules over entries sorted by (begin, end)."""
-    starts = list(map(_START, infos))
-    ends = list(map(_END, infos))
-    contiguous = not infos or (starts[0] == 0 and starts[1:] == ends[:-1])  # list comparison in C
-    pos = ends[-1] if contiguous and infos else 0
+    infos.sort(key=_START_END)
+    pos = 0
     prev: TensorInfo | None = None
-    for t in () if contiguous else infos:  # the walk only explains a failure
+    for t in infos:
         if t.start != pos:
             kind = "overlaps" if t.start < pos else "leaves a gap after"
             after = f"tensor {prev.name!r} ending at {pos:,}" if prev else "the data start"
@@ -563,22 +373,27 @@ def _finish_header(infos: list[TensorInfo], metadata: dict[str, str], n: int, *,
             )
         pos = t.end
         prev = t
+    _check_file_size(pos, n, source=source, file_size=file_size)
+    return Header(tensors={t.name: t for t in infos}, metadata=metadata, header_size=n)
 
-    if file_size is not None:
-        have = file_size - 8 - n
-        if pos > have:
-            raise TruncatedFileError(
-                f"header describes {pos:,} data bytes but the file holds {have:,} "
-                f"(file size {file_size:,}, expected {8 + n + pos:,})",
-                file=source,
-            )
-        if pos < have:
-            raise InvalidFileError(
-                f"{have - pos:,} trailing bytes after the last tensor (file size {file_size:,}, "
-                f"expected {8 + n + pos:,})",
-                file=source,
-            )
-    return Header(tensors={t.name: t for t in infos}, metadata=metadata, header_size=n, kinds=kinds)
+
+def _check_file_size(data_end: int, n: int, *, source: str, file_size: int | None) -> None:
+    """The data (``data_end`` bytes after the ``8 + n`` prefix) ends where the file does."""
+    if file_size is None:
+        return
+    have = file_size - 8 - n
+    if data_end > have:
+        raise TruncatedFileError(
+            f"header describes {data_end:,} data bytes but the file holds {have:,} "
+            f"(file size {file_size:,}, expected {8 + n + data_end:,})",
+            file=source,
+        )
+    if data_end < have:
+        raise InvalidFileError(
+            f"{have - data_end:,} trailing bytes after the last tensor (file size {file_size:,}, "
+            f"expected {8 + n + data_end:,})",
+            file=source,
+        )
 
 
 def read_header(f_or_path: Any, *, source: str | None = None) -> Header:

@@ -70,7 +70,8 @@ def test_iq2_xs_experts_from_fp8(kimi_k2_tiny, tmp_path):
     from k3ckpt.gguf.tensors import IQ2_XS, Planned, Recipe
 
     with open_checkpoint(kimi_k2_tiny) as ckpt:
-        with pytest.raises(ShapeError, match="ffn_down_exps.weight.*rows of 192 values do not split into IQ2_XS"):
+        with pytest.raises(ShapeError, match="ffn_down_exps.weight: rows of 192 values do not split into iq2_xs "
+                           "blocks of 256; types that fit: bf16, f16, f32, mxfp4, q8_0"):
             write_gguf(ckpt, tmp_path / "k2.gguf", expert_type="iq2_xs")
         assert list(tmp_path.iterdir()) == []
         names = [f"model.layers.1.mlp.experts.{i}.gate_proj.weight" for i in range(8)]
@@ -112,9 +113,12 @@ def test_int4_experts_decode_exactly_and_encode(kimi_k2_thinking_tiny, tmp_path)
         from k3ckpt.formats.iq2xs import decode_iq2xs_ref
         from k3ckpt.requant.metrics import error_stats_reference
 
-        assert piece.stats.snr_db == pytest.approx(error_stats_reference(x, decode_iq2xs_ref(packed)).snr_db,
+        assert piece.result.stats.snr_db == pytest.approx(error_stats_reference(x, decode_iq2xs_ref(packed)).snr_db,
                                                    rel=1e-12)
-        assert 3.0 < piece.stats.snr_db < 20.0
+        assert 3.0 < piece.result.stats.snr_db < 20.0
+        r = piece.result
+        assert (r.name, r.layer, r.expert, r.projection, r.format, r.bytes, r.params) == \
+            (base, 1, 3, "gate", "gguf-iq2_xs", len(piece.data), x.size)
 
 
 def test_int4_layouts_it_cannot_decode_are_refused(kimi_k2_thinking_tiny):

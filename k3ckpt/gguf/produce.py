@@ -121,12 +121,16 @@ def decode_ggml(data: bytes, ggml_type: int, shape: tuple[int, ...]) -> np.ndarr
 
 @dataclass(frozen=True)
 class ExpertPiece:
-    """One routed expert's bytes in a stacked expert tensor, and (when measured) their error against
-    the source's own values (``requant.metrics.ErrorStats``)."""
+    """One routed expert's bytes in a stacked expert tensor and, when measured, its row of the
+    error report (``requant.results.TensorResult``: our bytes decoded back against the source's
+    own values)."""
 
     expert: int
     data: bytes
-    stats: object | None = None
+    result: object | None = None
+
+
+PROJECTIONS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down", "ffn_gate_up_exps": "gate_up"}
 
 
 def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False) -> ExpertPiece:
@@ -138,9 +142,16 @@ def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False) -> Exp
     data, ref = _expert(ckpt, srcs, p.source_dtype, t, want_ref=measure)
     if not measure:
         return ExpertPiece(expert, data)
-    from ..requant.metrics import error_stats
+    from ..requant.results import TensorResult
+    from ..requant.worker import _error
 
-    return ExpertPiece(expert, data, error_stats(ref, decode_ggml(data, t, p.info.shape[1:])))
+    stats, row_bias = _error(ref, decode_ggml(data, t, p.info.shape[1:]))
+    name = srcs[0].removesuffix("_packed")           # the source's weight, as requant reports name it
+    zeros = float(np.count_nonzero(ref == 0)) / ref.size if ref.size else 0.0
+    return ExpertPiece(expert, data, TensorResult(
+        name=name, layer=p.layer, expert=expert, projection=PROJECTIONS.get(p.info.name.split(".")[2]),
+        format=f"gguf-{type_name(t).lower()}", method=None, params=int(ref.size), bytes=len(data), stats=stats,
+        max_row_bias=row_bias, source_zero_fraction=zeros, code_histogram=(), scale_changes=None))
 
 
 def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:

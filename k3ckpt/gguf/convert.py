@@ -16,7 +16,7 @@ from ..errors import UnsupportedError, UsageError
 from . import container as C
 from .produce import tensor_pieces
 from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0
-from .vocab import kimi_vocab
+from .vocab import tokenizer_metadata  # noqa: F401  (re-exported: the vocabulary keys of a folder)
 from .writer import GGUFWriter
 
 # --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
@@ -57,30 +57,6 @@ class GGUFResult:
         return {"dry_run": self.dry_run, "paths": [str(p) for p in self.paths], "tensors": self.tensors,
                 "bytes": self.bytes_written, "bytes_by_type": dict(self.bytes_by_type),
                 "skipped": list(self.skipped), "free_bytes": self.free_bytes}
-
-
-def tokenizer_metadata(model_dir: str | os.PathLike, vocab_size: int) -> list[C.KV]:
-    """``tokenizer.ggml.*`` keys for a Kimi folder: its tiktoken vocabulary, special ids and chat
-    template from its JSON files (``gguf.SpecialVocab``, which reads them without running code)."""
-    import gguf
-
-    v = kimi_vocab(model_dir, vocab_size)
-    out = [C.KV("tokenizer.ggml.model", C.STRING, "gpt2"), C.KV("tokenizer.ggml.pre", C.STRING, "kimi-k2"),
-           C.KV("tokenizer.ggml.tokens", C.ARRAY, list(v.tokens), C.STRING),
-           C.KV("tokenizer.ggml.token_type", C.ARRAY, list(v.token_types), C.INT32)]
-    if v.merges:
-        out.append(C.KV("tokenizer.ggml.merges", C.ARRAY, list(v.merges), C.STRING))
-    special = gguf.SpecialVocab(model_dir, load_merges=False)
-    names = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
-             "pad": "padding_token_id", "cls": "cls_token_id", "mask": "mask_token_id"}
-    for kind, tid in special.special_token_ids.items():
-        if kind in names:
-            out.append(C.KV(f"tokenizer.ggml.{names[kind]}", C.UINT32, int(tid)))
-    for kind, on in special.add_special_token.items():
-        out.append(C.KV(f"tokenizer.ggml.add_{kind}_token", C.BOOL, bool(on)))
-    if isinstance(special.chat_template, str):
-        out.append(C.KV("tokenizer.chat_template", C.STRING, special.chat_template))
-    return out
 
 
 def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):

@@ -85,19 +85,37 @@ def open_source(src: str | os.PathLike, *, complete: bool = True) -> Checkpoint:
     return require_complete(open_checkpoint(path), complete)
 
 
+def _is_gguf(src) -> bool:
+    """A local GGUF file (``.gguf``, or the GGUF magic) rather than a checkpoint."""
+    from .hub import is_hub_url
+    from .gguf.reader import is_gguf_path
+
+    return not is_hub_url(str(src)) and is_gguf_path(src)
+
+
 @_for_python
 def inspect(src: str | os.PathLike, *, scan: bool = False, tensors: bool = False, progress: bool = False):
-    """Report what ``src`` holds from headers (``InspectReport``).
+    """Report what ``src`` holds from headers (``InspectReport``; for a GGUF,
+    ``k3ckpt.gguf.inspect.GGUFInspectReport``).
 
     Args:
-        src: checkpoint folder, ``.safetensors`` file or ``hf://`` URL.
+        src: checkpoint folder, ``.safetensors`` file or ``hf://`` URL; or a ``.gguf``
+            file (any split of a set: the whole set is read).
         scan: also read the data (bounded memory) for scale histograms, NaN/Inf
-            counts, zero codes and amax.
+            counts, zero codes and amax (not for a GGUF).
         tensors: list every tensor with its role.
         progress: a tqdm bar on stderr while scanning.
     """
     import dataclasses
 
+    if _is_gguf(src):
+        from .gguf.inspect import inspect_gguf
+        from .gguf.reader import open_gguf
+
+        if scan:
+            raise UsageError("--scan reads safetensors checkpoints; a GGUF is inspected from its headers")
+        with open_gguf(src) as gs:
+            return inspect_gguf(gs, source=str(src), tensors=tensors)
     from .inspection import inspect_checkpoint, tensor_rows
 
     with open_source(src, complete=False) as ckpt:   # inspect reports what is missing as warnings
@@ -141,6 +159,10 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
             max_shard_size: int | str | None = None, dry_run: bool = False, progress: bool = False):
     """Write ``dst``: ``src`` with its (selected) quantized weights decoded to ``dtype`` (``DequantResult``).
 
+    A ``.gguf`` ``src`` (any split of a set) gives ``k3ckpt.gguf.dequant.GGUFDequantResult``: every
+    tensor under its GGUF name, quantized ones decoded by the gguf package, the metadata in
+    ``k3ckpt_gguf_metadata.json``; ``tensors`` then chooses which tensors are written at all.
+
     Args:
         dtype: ``bf16``, ``f16`` or ``f32``.
         tensors: a regex on tensor names choosing which weights to decode (default: all).
@@ -151,6 +173,13 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
     from .dequant import SHARD_BYTES, dequant_checkpoint
 
     shard = SHARD_BYTES if max_shard_size is None else _size(max_shard_size, "max_shard_size")
+    if _is_gguf(src):
+        from .gguf.dequant import dequant_gguf
+        from .gguf.reader import open_gguf
+
+        with open_gguf(src) as gs:
+            return dequant_gguf(gs, dst, dtype=dtype, pattern=tensors, progress=progress, max_shard_bytes=shard,
+                                dry_run=dry_run)
     with open_source(src) as ckpt:
         return dequant_checkpoint(ckpt, dst, dtype=dtype, pattern=tensors, progress=progress,
                                   max_shard_bytes=shard, dry_run=dry_run)

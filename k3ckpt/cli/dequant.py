@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import api
+from ..gguf.dequant import GGUFDequantResult
 from .render import echo_json, human_bytes
 from .source import hub_option, source_argument
 
@@ -18,7 +19,8 @@ from .source import hub_option, source_argument
 @click.option("--dtype", type=click.Choice(["bf16", "f16", "f32"]), default="bf16", show_default=True,
               help="Output dtype of decoded weights (f32 keeps every decoded value exact).")
 @click.option("--tensors", "pattern", metavar="REGEX", default=None,
-              help="Decode only quantized weights whose logical name matches (default: all).")
+              help="Decode only quantized weights whose logical name matches (default: all); from a GGUF, "
+                   "write only the tensors whose GGUF name matches.")
 @click.option("--max-shard-size", "max_shard", metavar="SIZE", default="5GB", show_default=True,
               help="Largest output shard, with a unit (e.g. 5GB, 500MB, 2GiB).")
 @click.option("--dry-run", is_flag=True,
@@ -40,9 +42,15 @@ def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
     sharding; DST gets a manifest that `k3ckpt verify` checks.  A failed run
     removes what it created.
 
+    SRC may be a .gguf file (any split of a set; the whole set is read): every
+    tensor comes out under its GGUF name in numpy order, quantized ones decoded
+    by the gguf package's dequantizers, F32/F16/BF16 copied as they are, and the
+    GGUF metadata in k3ckpt_gguf_metadata.json (no config.json).
+
     \b
     Examples:
       k3ckpt dequant K3 K3-bf16 --dry-run
+      k3ckpt dequant Kimi-K3-IQ2_XS-00001-of-00020.gguf K3-from-gguf --dtype f32
       k3ckpt dequant kimi-k2 kimi-k2-f32 --dtype f32 --tensors 'layers\\.1\\.' --max-shard-size 10GB
     """
     from ..units import parse_size
@@ -50,7 +58,9 @@ def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
     size = parse_size(max_shard, "--max-shard-size")
     result = api.dequant(src, dst, dtype=dtype, tensors=pattern, max_shard_size=size, dry_run=dry_run,
                          progress=not quiet and not dry_run and sys.stderr.isatty())
-    if as_json:
+    if isinstance(result, GGUFDequantResult):
+        _render_gguf(result, dtype, as_json)
+    elif as_json:
         echo_json(result.to_dict())
     elif dry_run:
         room = ("enough free space" if result.fits else
@@ -62,6 +72,8 @@ def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
         click.echo(f"wrote {result.dst}: {len(result.decoded)} weight(s) decoded to {dtype}, "
                    f"{result.copied} tensor(s) copied, {_count_shards(result)} shard(s), "
                    f"{human_bytes(result.bytes_written)}")
+    if isinstance(result, GGUFDequantResult):
+        return
     if not as_json:
         if result.dropped:
             click.echo(f"dropped {len(result.dropped)} activation scale(s) of decoded modules, "
@@ -84,6 +96,33 @@ def _warn(result, dtype: str) -> None:
         click.echo(f"k3ckpt: warning: {total:,} value(s) in {len(result.inexact):,} weight(s) rounded by the "
                    f"{dtype} output (most: {worst}, {result.inexact[worst]:,}); --dtype f32 keeps them exact",
                    err=True)
+
+
+def _render_gguf(result, dtype: str, as_json: bool) -> None:
+    if as_json:
+        echo_json(result.to_dict())
+        _warn_gguf(result, dtype)
+        return
+    verb = "would write" if result.dry_run else "wrote"
+    line = (f"{verb} {result.dst}: {result.tensors:,} tensor(s) under their GGUF names, {len(result.decoded):,} "
+            f"decoded to {dtype}, {result.copied:,} copied, {_count_shards(result):,} shard(s), "
+            f"{human_bytes(result.bytes_written)}, with {result.metadata_file}")
+    if result.dry_run:
+        line += (" (enough free space)" if result.fits else
+                 f" (NOT enough free space: {human_bytes(result.free_bytes)} free)")
+    click.echo(line)
+    if result.left_out:
+        click.echo(f"left out: {len(result.left_out):,} tensor(s) --tensors did not select, e.g. {result.left_out[0]}")
+    _warn_gguf(result, dtype)
+
+
+def _warn_gguf(result, dtype: str) -> None:
+    for what, counts, tail in (("decoded to NaN or Inf", result.nonfinite, ""),
+                               (f"rounded by the {dtype} output", result.inexact, "; --dtype f32 keeps them exact")):
+        if counts:
+            worst = max(counts, key=lambda w: (counts[w], w))
+            click.echo(f"k3ckpt: warning: {sum(counts.values()):,} value(s) in {len(counts):,} tensor(s) {what} "
+                       f"(most: {worst}, {counts[worst]:,}){tail}", err=True)
 
 
 def _count_shards(result) -> int:

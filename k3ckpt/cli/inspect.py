@@ -8,6 +8,7 @@ import click
 
 from .. import api
 from ..errors import InvalidFileError
+from ..gguf.inspect import GGUFInspectReport
 from .render import echo_json, human_bytes, human_count, table
 from .source import hub_option, source_argument
 
@@ -77,10 +78,45 @@ def render_report(r, *, tensors=None) -> str:
     return "\n".join(lines)
 
 
+def render_gguf_report(r, *, tensors=None) -> str:
+    """A GGUF's report (``GGUFInspectReport``) in the safetensors report's layout."""
+    def opt(v):
+        return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+
+    ft = "-" if r.file_type is None else f"{r.file_type} ({r.file_type_name or 'unknown'})"
+    sizes = [f.size for f in r.files]
+    lines = [
+        f"source        {r.source}",
+        f"model         {r.model_name or '-'} (GGUF v{r.gguf_version}, architecture {r.architecture or '-'}, "
+        f"file_type {ft})",
+        f"layers        {opt(r.block_count)} blocks, embedding {opt(r.embedding_length)}, "
+        f"context {opt(r.context_length)}",
+        f"experts       {opt(r.expert_count)} routed, top-{opt(r.expert_used_count)}, "
+        f"{opt(r.expert_shared_count)} shared",
+        f"vocabulary    {opt(r.vocab_size)} tokens ({r.tokenizer or '-'}); chat template "
+        f"{'present' if r.chat_template else 'absent'}; {r.kv_count} metadata keys",
+        f"parameters    {human_count(r.params_total)}",
+        f"tensors       {r.tensor_count:,} in {len(r.files)} file(s), {human_bytes(r.total_bytes)} "
+        f"({r.total_bytes:,} B)",
+        "",
+    ]
+    for title, buckets in (("ggml type", r.by_type), ("role", r.by_role)):
+        rows = [(b.key, f"{b.tensors:,}", human_count(b.params), human_bytes(b.bytes), f"{b.bytes:,}",
+                 "-" if b.bits_per_weight is None else f"{b.bits_per_weight:.3f}") for b in buckets]
+        lines += [table(rows, [f"by {title}", "tensors", "params", "size", "bytes", "bits/weight"]), ""]
+    lines.append(f"files         {len(sizes)}: smallest {human_bytes(min(sizes))}, largest {human_bytes(max(sizes))}, "
+                 f"total {human_bytes(sum(sizes))}")
+    if tensors is not None:
+        lines += ["", table(tensors, ["tensor", "ggml type", "shape", "role", "params", "bytes", "file"],
+                            align="llllrrl")]
+    return "\n".join(lines)
+
+
 @click.command("inspect", epilog="""\b
 Examples:
   k3ckpt inspect /models/Kimi-K3                    # headers only: seconds even for the full K3
-  k3ckpt inspect out/ --json --strict | jq .by_storage   # exit 2 if anything is missing""")
+  k3ckpt inspect out/ --json --strict | jq .by_storage   # exit 2 if anything is missing
+  k3ckpt inspect Kimi-K3-IQ2_XS-00001-of-00020.gguf     # a GGUF: all its splits, by ggml type and role""")
 @source_argument
 @hub_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/inspect-json.md).")
@@ -101,6 +137,10 @@ def command(src, as_json, list_tensors, old_list_tensors, scan, strict, quiet):
     shard missing is refused; MoE layers without their experts and an empty
     checkpoint are warnings (on stderr and in --json's "warnings"), which
     requant, dequant, shard and plan refuse.
+
+    SRC may also be a .gguf file, or any split of a GGUF set (the other splits
+    are found beside it, as llama.cpp names them): its metadata and tensors by
+    ggml type and role, from the headers.
     """
     if old_list_tensors:
         click.echo("k3ckpt: warning: inspect --tensors is now --list-tensors", err=True)
@@ -109,6 +149,11 @@ def command(src, as_json, list_tensors, old_list_tensors, scan, strict, quiet):
     report = api.inspect(src, scan=scan, tensors=list_tensors, progress=progress)
     if as_json:
         echo_json(report.to_json())
+    elif isinstance(report, GGUFInspectReport):
+        rows = None if report.tensors is None else [
+            (t.name, t.ggml_type, "x".join(map(str, t.shape)), t.role, f"{t.params:,}", f"{t.bytes:,}", t.file)
+            for t in report.tensors]
+        click.echo(render_gguf_report(report, tensors=rows))
     else:
         rows = None if report.tensors is None else [
             (t.name, t.dtype, "x".join(map(str, t.shape)) or "scalar", t.role, t.storage, f"{t.bytes:,}", t.shard)

@@ -187,30 +187,54 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
 
 @_for_python
 def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
-         split_max_size: int | str | None = "48GB", dry_run: bool = False, progress: bool = False):
-    """Write a GGUF file (or splits) that llama.cpp's ``kimi-k3`` runs, from a K3 checkpoint folder
-    (``GGUFResult``).
+         split_max_size: int | str | None = "48GB", tensor_type=(), target_bpw: float | None = None,
+         fallback_type: str | None = None, workers: int | None = None, resume: bool = False, dry_run: bool = False,
+         max_disk: int | str | None = None, staging: str | os.PathLike | None = None, keep_source: bool = False,
+         progress: bool = False):
+    """Write a GGUF file (or splits) that llama.cpp runs (``kimi-k3``; ``deepseek2`` from Kimi K2 /
+    DeepSeek-V3), with ``PREFIX.k3ckpt-manifest.json`` beside it (``GGUFResult``; docs/gguf.md).
 
     Args:
+        src: checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``.
         expert_type: ggml type of the routed experts: ``iq2_xs`` (our encoder), ``mxfp4`` (a lossless
             repack, as llama.cpp's converter writes it), ``q8_0``, ``bf16``, ``f16``, ``f32``; any case.
         outtype: ``bf16``, ``f16``, ``q8_0`` or ``f32`` for every other tensor that is not kept in
             float32 (default: as the converter writes them: BF16 stays BF16, byte for byte).
         split_max_size: most tensor bytes per file, bytes or a size with a unit; ``None``: one file.
             Several files are named ``OUT-00001-of-0000N.gguf``, as llama.cpp's gguf-split names them.
-        dry_run: plan from headers and write nothing; the result lists the files and bytes.
+        tensor_type: ``["REGEX=TYPE", ...]`` per-tensor types, first match wins.
+        target_bpw: mixed precision: expert types chosen by measured error for this average.
+        fallback_type: the type of a tensor whose rows the asked-for type cannot hold.
+        workers: processes encoding routed experts (default: CPU count; 1: in this process).
+            The files are the same bytes for any count.
+        resume: continue an interrupted run writing ``out`` (same options and source): finished
+            splits are kept, the others written again.
+        dry_run: plan from headers and write nothing; the result lists the files and bytes, the free
+            space, a time estimate and, with ``max_disk``, whether the budget works.
+        max_disk, staging, keep_source: ``hf://`` sources only (as ``requant``): bound staged shards
+            plus output, where shards are staged (default ``.k3ckpt-staging`` beside ``out``), keep them.
         progress: a tqdm bar on stderr.
     """
+    import dataclasses
+
     from .gguf.convert import write_gguf
     from .hub import is_hub_url
 
+    options = dict(expert_type=expert_type, outtype=outtype, split_max_bytes=_size(split_max_size, "split_max_size"),
+                   tensor_type=list(tensor_type), target_bpw=target_bpw, fallback_type=fallback_type)
     if is_hub_url(str(src)):
-        raise UsageError("k3ckpt gguf reads a local K3 folder so far (its tiktoken.model and tokenizer_config.json "
-                         "with it); download the checkpoint first")
+        from .hub.convert import gguf_from_hub
+
+        run = gguf_from_hub(str(src), out, resume=resume, dry_run=dry_run, workers=workers, progress=progress,
+                            max_disk=_size(max_disk, "max_disk"), staging=staging, keep_source=keep_source,
+                            **options)
+        return dataclasses.replace(run.result, hub={**run.facts(), "side_files": list(run.side_files)})
+    hub_only = {"max_disk": max_disk, "staging": staging, "keep_source": keep_source}
+    if any(hub_only.values()):
+        given = ", ".join(k for k, v in hub_only.items() if v)
+        raise UsageError(f"{given}: only for an hf:// source; src is a local path")
     with open_source(src) as ckpt:
-        return write_gguf(ckpt, out, expert_type=expert_type, outtype=outtype,
-                          split_max_bytes=_size(split_max_size, "split_max_size"), dry_run=dry_run,
-                          progress=progress)
+        return write_gguf(ckpt, out, workers=workers, resume=resume, dry_run=dry_run, progress=progress, **options)
 
 
 @_for_python
@@ -341,7 +365,12 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
 
 @_for_python
 def verify(dst: str | os.PathLike, *, source: str | os.PathLike | None = None):
-    """Re-check a ``shard`` output folder against its manifest (and ``source``, when given)."""
+    """Re-check a ``shard`` output folder against its manifest (and ``source``, when given); a
+    ``.gguf`` (``OUT`` or any split) against its GGUF manifest (``k3ckpt.gguf.verify``)."""
+    if str(dst).endswith(".gguf"):
+        from .gguf.verify import verify_gguf
+
+        return verify_gguf(dst, source=source)
     from .shard.verify import verify_output
 
     return verify_output(dst, source=source)

@@ -8,45 +8,75 @@ import click
 
 from .. import api
 from .render import echo_json, human_bytes
+from .source import hub_option, source_argument
 
 
 @click.command("gguf")
-@click.argument("src")
+@source_argument
 @click.argument("out")
+@hub_option
 @click.option("--expert-type", default="iq2_xs", show_default=True, metavar="TYPE",
               help="ggml type of the routed experts: iq2_xs, mxfp4 (lossless repack), q8_0, bf16, f16, f32 "
                    "(any case, as ggml spells them).")
 @click.option("--outtype", default=None, metavar="TYPE",
               help="bf16, f16, q8_0 or f32 for the other tensors llama.cpp does not keep in f32 "
                    "(default: as the source stores them; BF16 stays BF16 byte for byte).")
+@click.option("--tensor-type", "tensor_type", multiple=True, metavar="REGEX=TYPE",
+              help="Per-tensor ggml type by a regex on GGUF tensor names, first match wins. Repeatable.")
+@click.option("--target-bpw", "target_bpw", type=float, default=None, metavar="X",
+              help="Mixed precision: expert types chosen by measured error so the experts average X bits "
+                   "per weight.")
+@click.option("--fallback-type", "fallback_type", default=None, metavar="TYPE",
+              help="Type of a tensor whose rows the asked-for type cannot hold (IQ2_XS needs multiples of 256).")
 @click.option("--split-max-size", default="48GB", show_default=True, metavar="SIZE",
               help="Most tensor bytes per file, with a unit (below the Hub's 50 GB file limit); 'none': one file.")
-@click.option("--dry-run", is_flag=True, help="Print the files, types and bytes it would write; write nothing.")
+@click.option("--workers", type=int, default=None,
+              help="Processes encoding routed experts (default: CPU count; 1: in this process). Same bytes "
+                   "for any count.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted run writing OUT (same options): finished files are kept.")
+@click.option("--max-disk", "max_disk", default=None, metavar="SIZE",
+              help="hf:// source: bound downloaded shards plus output to SIZE (e.g. 1TB, 500G).")
+@click.option("--staging", default=None, metavar="DIR",
+              help="hf:// source: download shards here (default .k3ckpt-staging beside OUT).")
+@click.option("--keep-source", is_flag=True, help="hf:// source: keep the downloaded shards.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the files, types, bytes, free space and a time estimate; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, out, expert_type, outtype, split_max_size, dry_run, as_json, quiet):
+def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_type, split_max_size, workers, resume,
+            max_disk, staging, keep_source, dry_run, as_json, quiet):
     """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
     model; Kimi K2 / DeepSeek-V3 (block FP8) as deepseek2.
 
     Tensor names, shapes, types and metadata are those llama.cpp's own converter
     writes (vision tower skipped); routed experts are stacked per layer and
     written one expert at a time, MXFP4 experts repacked losslessly (mxfp4) or
-    requantized by k3ckpt's encoder (iq2_xs), FP8 decoded tensor by tensor. The
-    vocabulary comes from the folder's tiktoken.model and tokenizer_config.json;
-    no remote code runs.
+    requantized by k3ckpt's encoder (iq2_xs) in --workers processes, FP8
+    decoded tensor by tensor. The vocabulary comes from the folder's
+    tiktoken.model and tokenizer_config.json; no remote code runs. An hf://
+    SRC is downloaded shard by shard and each shard deleted once written.
+    PREFIX.k3ckpt-manifest.json beside OUT records each file's sha256
+    (`k3ckpt verify OUT`) and lets --resume continue a run.
     With more than one file, pass llama.cpp the first (OUT-00001-of-0000N.gguf).
 
     \b
     Examples:
       k3ckpt gguf Kimi-K3 Kimi-K3-IQ2_XS.gguf --dry-run
       k3ckpt gguf Kimi-K3 Kimi-K3-MXFP4.gguf --expert-type mxfp4
+      k3ckpt gguf hf://moonshotai/Kimi-K3 Kimi-K3-IQ2_XS.gguf --max-disk 1.2TB
       llama-server -m Kimi-K3-IQ2_XS-00001-of-00020.gguf
     """
-    from ..units import parse_size
+    from ..hub.options import hub_run_options
+    from ..units import human_duration, parse_size
 
+    stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source, push_to=None,
+                            private=False, revision=None, dry_run=dry_run) or {}
     size = None if split_max_size.strip().lower() == "none" else parse_size(split_max_size, "--split-max-size")
     result = api.gguf(src, out, expert_type=expert_type, outtype=outtype, split_max_size=size,
-                      dry_run=dry_run, progress=not quiet and not dry_run and sys.stderr.isatty())
+                      tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type, workers=workers,
+                      resume=resume, dry_run=dry_run, progress=not quiet and not dry_run and sys.stderr.isatty(),
+                      **stage)
     if as_json:
         echo_json(result.to_dict())
         return
@@ -55,8 +85,26 @@ def command(src, out, expert_type, outtype, split_max_size, dry_run, as_json, qu
     click.echo(f"{verb} {len(result.paths)} file(s), {result.tensors} tensors, {human_bytes(result.bytes_written)} "
                f"({types})")
     click.echo(f"first file: {result.paths[0]}")
-    if dry_run and result.free_bytes is not None:
-        room = "enough" if result.free_bytes >= result.bytes_written else "NOT enough"
-        click.echo(f"free space: {human_bytes(result.free_bytes)} ({room})")
+    if dry_run:
+        if result.free_bytes is not None:
+            room = "enough" if result.free_bytes >= result.bytes_written else "NOT enough"
+            click.echo(f"free space: {human_bytes(result.free_bytes)} ({room})")
+        est = result.estimate
+        if est is not None:
+            rates = ", ".join(f"{r['type']} {r['weights_per_s'] / 1e6:.1f} M weights/s a core"
+                              + ("" if r["measured"] else " (assumed)") for r in est.encode)
+            note = f"; of it {human_duration(est.compile_seconds)} compiling kernels (first run only)" \
+                if est.compile_seconds else ""
+            click.echo(f"estimated about {human_duration(est.seconds)} with {est.workers} worker(s)"
+                       + (f" (experts: {rates})" if rates else "") + note)
+    else:
+        done = f", {len(result.resumed)} kept from an earlier run" if result.resumed else ""
+        click.echo(f"{result.seconds:.1f} s with {result.workers} worker(s){done}; manifest: {result.manifest}")
+    if result.budget is not None:
+        click.echo(result.budget["message"])
+    if result.hub is not None and not dry_run:
+        h = result.hub
+        click.echo(f"source {h['source']}: {h['downloads']} shard(s) staged ({h['refetches']} more than once), "
+                   f"{human_bytes(h['bytes_downloaded'])} downloaded, peak disk {human_bytes(h['peak_disk'])}")
     if result.skipped:
         click.echo(f"skipped {len(result.skipped)} tensor(s) of the vision tower and projector (text model only)")

@@ -19,7 +19,7 @@ class VerifyFailed(click.ClickException):
               help="Also check DST against the checkpoint it was made from (folder, file or hf:// URL).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (problems included).")
 def command(dst, src, as_json):
-    """Check DST, a `k3ckpt shard`, `requant` or `dequant` output.
+    """Check DST, a `k3ckpt shard`, `requant`, `dequant` or `gguf` output.
 
     Every file in DST against the run manifest (size, sha256; nothing unlisted
     beside them, except the Moet runtime's own <stem>.lock and
@@ -28,17 +28,25 @@ def command(dst, src, as_json):
     records against SRC byte for byte (moet rows by their decoded values); a
     requant or dequant output's tensors against the plan SRC implies with the
     run's options: copied tensors byte for byte, re-encoded or decoded weights
-    by presence, dtype and shape.  The problems go to stderr; exit status 1
+    by presence, dtype and shape.  A `k3ckpt gguf` output (OUT.gguf or any
+    split): every split's size and sha256 against PREFIX.k3ckpt-manifest.json,
+    and the gguf package's reader finds every planned tensor in it; with
+    --source, SRC must be the checkpoint the run read.  The problems go to stderr; exit status 1
     when something differs, 2 when DST is not a k3ckpt output.
 
     \b
     Examples:
       k3ckpt verify out/shards --source K3
       k3ckpt verify K3-bf16 --json
+      k3ckpt verify Kimi-K3-IQ2_XS-00001-of-00020.gguf
     """
     from ..shard.verify import verify_output
 
-    if src is not None:
+    if dst.endswith(".gguf"):       # a k3ckpt gguf output: OUT.gguf or any of its splits
+        from .. import api
+
+        r = api.verify(dst, source=src)
+    elif src is not None:
         from .. import api
 
         with api.open_source(src) as ckpt:

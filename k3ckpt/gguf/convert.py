@@ -13,11 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UnsupportedError, UsageError
-from . import container as C
-from .produce import tensor_pieces
 from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0
 from .vocab import tokenizer_metadata  # noqa: F401  (re-exported: the vocabulary keys of a folder)
-from .writer import GGUFWriter
 
 # --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
 EXPERT_TYPES = {"mxfp4": MXFP4, "iq2_xs": IQ2_XS, "q8_0": Q8_0, "bf16": BF16, "f16": F16, "f32": F32}
@@ -47,6 +44,14 @@ class GGUFResult:
     skipped: tuple[str, ...] = field(repr=False)
     dry_run: bool = False
     free_bytes: int | None = None      # on the output's filesystem, for a dry run
+    resumed: tuple[str, ...] = ()      # splits an earlier run had finished (kept, not written again)
+    seconds: float = 0.0
+    workers: int = 1
+    estimated_seconds: float | None = None            # a dry run's estimate of a run's time
+    estimate: object | None = field(default=None, repr=False)   # run.Estimate: how it was reached
+    manifest: Path | None = None       # PREFIX.k3ckpt-manifest.json beside the output
+    hub: dict | None = field(default=None, repr=False)      # hf:// sources: pinned source, staging figures
+    budget: dict | None = field(default=None, repr=False)   # hf:// with --max-disk: need, ok, message
 
     def __repr__(self) -> str:
         verb = "would write" if self.dry_run else "wrote"
@@ -56,7 +61,11 @@ class GGUFResult:
     def to_dict(self) -> dict:
         return {"dry_run": self.dry_run, "paths": [str(p) for p in self.paths], "tensors": self.tensors,
                 "bytes": self.bytes_written, "bytes_by_type": dict(self.bytes_by_type),
-                "skipped": list(self.skipped), "free_bytes": self.free_bytes}
+                "skipped": list(self.skipped), "free_bytes": self.free_bytes, "resumed": list(self.resumed),
+                "seconds": self.seconds, "workers": self.workers, "estimated_seconds": self.estimated_seconds,
+                "estimate": self.estimate.to_dict() if self.estimate is not None else None,
+                "manifest": str(self.manifest) if self.manifest is not None else None,
+                "hub": self.hub, "max_disk": self.budget}
 
 
 def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):
@@ -72,28 +81,21 @@ def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):
 
 
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
-               split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False,
-               progress: bool = False) -> GGUFResult:
-    """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``; see the module docstring.
-    ``dry_run``: the files, tensors and bytes it would write, checked against the free space."""
-    from tqdm import tqdm
+               split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False, progress: bool = False,
+               resume: bool = False, workers: int | None = 1, tensor_type=(), target_bpw: float | None = None,
+               fallback_type: str | None = None, vocab_dir: str | os.PathLike | None = None) -> GGUFResult:
+    """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``, with its manifest beside it
+    (``run``: resumable split by split, experts encoded by ``workers`` processes; the bytes depend on
+    neither).  ``dry_run``: the files, tensors and bytes it would write, the free space and a time
+    estimate; nothing is written.  ``vocab_dir``: the folder holding the vocabulary files when it is
+    not ``ckpt.root`` (an ``hf://`` source's fetched side files)."""
+    from .run import dry_result, estimate, plan_job, resolve_workers, run_job, with_root
 
-    from ..io.writer import free_bytes, free_space_for
-
-    kvs, planned, skipped = plan_gguf(ckpt, expert_type=expert_type, outtype=outtype)
-    by_type: dict[str, int] = {}
-    for p in planned:
-        name = C.type_name(p.info.ggml_type)
-        by_type[name] = by_type.get(name, 0) + p.info.nbytes
-    infos = [p.info for p in planned]
-    w = GGUFWriter(out, kvs, infos, split_max_bytes=split_max_bytes)
+    n = resolve_workers(workers)
+    view = with_root(ckpt, vocab_dir)
+    job = plan_job(view, out, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
+                   tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
+                   measure=not dry_run, progress=progress)
     if dry_run:
-        return GGUFResult(tuple(w.paths), len(infos), w.total_size, by_type, tuple(skipped), dry_run=True,
-                          free_bytes=free_bytes(Path(out).parent))
-    free_space_for(out, w.total_size)
-    with w, tqdm(total=w.total_size, unit="B", unit_scale=True, desc="gguf", disable=not progress) as bar:
-        for p in planned:
-            for piece in tensor_pieces(ckpt, p):
-                w.write(p.info.name, piece)
-                bar.update(len(piece))
-    return GGUFResult(tuple(w.paths), len(infos), w.total_size, by_type, tuple(skipped))
+        return dry_result(job, estimate(view, job, n))
+    return run_job(view, job, resume=resume, workers=n, progress=progress)

@@ -8,10 +8,13 @@ name, sized up front, and renamed (after fsync, mode 0644) once every byte of
 every tensor in it has arrived; an error or ``abort()`` removes the partial
 files and never touches a final name.  ``done_splits`` lets a resumed run keep
 splits an earlier run finished: their headers are checked against the plan.
+Each split's sha256 is computed as its bytes arrive in file order (``sha256``),
+so a manifest can record it without reading the file again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -31,10 +34,17 @@ class _Split:
     written: dict[str, int]          # tensor -> bytes written so far (in order)
     fd: int | None = None
     done: bool = False
+    hasher: object = None            # sha256 of bytes [0, hashed): None once writes left file order
+    hashed: int = 0
 
     @property
     def pending(self) -> bool:
         return any(self.written[t.name] != t.nbytes for t in self.layout.tensors)
+
+
+def partial_path(final: Path) -> Path:
+    """The hidden file a split is written under until it is complete."""
+    return final.with_name(f".{final.name}.partial")
 
 
 def split_paths(out: str | os.PathLike, count: int) -> list[Path]:
@@ -45,6 +55,16 @@ def split_paths(out: str | os.PathLike, count: int) -> list[Path]:
         return [out]
     prefix = out.name[: -len(".gguf")] if out.name.endswith(".gguf") else out.name
     return [out.with_name(split_name(prefix, i, count)) for i in range(count)]
+
+
+def plan_files(out: str | os.PathLike, kvs: Sequence[KV], tensors: Sequence[TensorInfo], *,
+               split_max_bytes: int | None = None,
+               alignment: int = DEFAULT_ALIGNMENT) -> list[tuple[Path, FileLayout]]:
+    """Each file ``GGUFWriter`` would write, with its layout (nothing is touched on disk)."""
+    groups = plan_splits(tensors, split_max_bytes, alignment)
+    paths = split_paths(out, len(groups))
+    return [(final, FileLayout.build(split_kvs(kvs, no, len(groups), len(tensors)), group, alignment))
+            for no, (group, final) in enumerate(zip(groups, paths))]
 
 
 class GGUFWriter:
@@ -59,18 +79,16 @@ class GGUFWriter:
                  split_max_bytes: int | None = None, alignment: int = DEFAULT_ALIGNMENT,
                  done_splits: Collection[str] = (), overwrite: bool = False,
                  on_split_final: Callable[[Path], None] | None = None):
-        groups = plan_splits(tensors, split_max_bytes, alignment)
-        paths = split_paths(out, len(groups))
         self._splits: list[_Split] = []
         self._where: dict[str, _Split] = {}
-        for no, (group, final) in enumerate(zip(groups, paths)):
-            layout = FileLayout.build(split_kvs(kvs, no, len(groups), len(tensors)), group, alignment)
-            sp = _Split(layout, final, final.with_name(f".{final.name}.partial"), {t.name: 0 for t in group})
+        for final, layout in plan_files(out, kvs, tensors, split_max_bytes=split_max_bytes, alignment=alignment):
+            sp = _Split(layout, final, partial_path(final), {t.name: 0 for t in layout.tensors})
             self._splits.append(sp)
-            for t in group:
+            for t in layout.tensors:
                 self._where[t.name] = sp
         self._lock = threading.Lock()
         self._on_split_final = on_split_final
+        self.sha256: dict[str, str] = {}     # final file name -> hex sha256, for splits written here
         self._closed = False
         done = set(done_splits)
         unknown = done - {sp.final.name for sp in self._splits}
@@ -124,6 +142,7 @@ class GGUFWriter:
             sp.fd = os.open(sp.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.ftruncate(sp.fd, sp.layout.size)      # padding stays zero without writing it
             pwrite_all(sp.fd, memoryview(sp.layout.header), 0)
+            sp.hasher, sp.hashed = hashlib.sha256(sp.layout.header), len(sp.layout.header)
         return sp.fd
 
     def write(self, name: str, data) -> None:
@@ -141,13 +160,46 @@ class GGUFWriter:
             if at + len(view) > info.nbytes:
                 raise ShapeError(f"{at + len(view):,} bytes written, tensor holds {info.nbytes:,}", tensor=name)
             pwrite_all(self._open(sp), view, sp.layout.offsets[i] + at)
+            self._hash(sp, i, sp.layout.offsets[i] + at, view)
             sp.written[name] = at + len(view)
             if not sp.pending:
                 self._finalize(sp)
 
+    @staticmethod
+    def _hash(sp: _Split, i: int, at: int, view: memoryview) -> None:
+        """Feed bytes written at ``at`` of tensor ``i`` to the split's hash while they come in file
+        order (with the zero padding after each tensor); anything else drops the running hash."""
+        if sp.hasher is None:
+            return
+        if at != sp.hashed:
+            sp.hasher = None          # out of order: hashed from the file at the end instead
+            return
+        sp.hasher.update(view)
+        sp.hashed += len(view)
+        lay = sp.layout
+        if sp.hashed == lay.offsets[i] + lay.tensors[i].nbytes:
+            nxt = lay.offsets[i + 1] if i + 1 < len(lay.offsets) else lay.size
+            sp.hasher.update(bytes(nxt - sp.hashed))
+            sp.hashed = nxt
+
+    @staticmethod
+    def _file_sha256(fd: int, size: int) -> str:
+        h, at = hashlib.sha256(), 0
+        while at < size:
+            chunk = os.pread(fd, min(8 << 20, size - at), at)
+            if not chunk:
+                raise InvalidFileError(f"partial file ended at {at:,} of {size:,} bytes")
+            h.update(chunk)
+            at += len(chunk)
+        return h.hexdigest()
+
     def _finalize(self, sp: _Split) -> None:
         fd = self._open(sp)      # a split of empty tensors only is opened here
         try:
+            if sp.hasher is not None and sp.hashed == sp.layout.size:
+                digest = sp.hasher.hexdigest()
+            else:
+                digest = self._file_sha256(fd, sp.layout.size)
             os.fsync(fd)
             os.fchmod(fd, FILE_MODE)
         finally:
@@ -156,6 +208,8 @@ class GGUFWriter:
         os.replace(sp.tmp, sp.final)
         fsync_dir(sp.final.parent)
         sp.done = True
+        sp.hasher = None
+        self.sha256[sp.final.name] = digest
         if self._on_split_final is not None:
             self._on_split_final(sp.final)
 

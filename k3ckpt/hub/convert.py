@@ -127,3 +127,200 @@ def fetch_side_files(ckpt, dst: str | os.PathLike) -> tuple[str, ...]:
         manifest.record(name)
         copied.append(name)
     return tuple(copied)
+
+
+# -- k3ckpt gguf from hf:// ------------------------------------------------------------------
+
+_TEMPLATES = "additional_chat_templates"     # gguf.SpecialVocab reads its *.jinja too
+
+
+def download_side_files(ckpt, folder: str | os.PathLike) -> tuple[str, ...]:
+    """The source folder's small non-weight files (``config.json`` and ``additional_chat_templates/``
+    included: the vocabulary reader looks in both) copied into ``folder`` through the Hugging Face
+    cache, as a local checkpoint folder has them beside its shards; the names copied."""
+    from huggingface_hub.hf_api import RepoFile, RepoFolder
+
+    from ..io.reader import INDEX_NAME
+    from .remote import RemoteFile, _download
+
+    files, client = ckpt.hub.files, ckpt.staging.stager.client
+    repo, commit, top = files.requested.repo_id, files.commit, files.folder
+
+    def listing(path: str):
+        return client.call(lambda: list(client.api.list_repo_tree(repo, path_in_repo=path or None, revision=commit,
+                                                                   recursive=False, expand=False)),
+                           file=str(files.url), repo_id=repo, revision=commit)
+
+    prefix = top + "/" if top else ""
+    entries = listing(top)
+    if any(isinstance(e, RepoFolder) and e.path == prefix + _TEMPLATES for e in entries):
+        entries += [e for e in listing(prefix + _TEMPLATES) if e.path.endswith(".jinja")]
+    folder = Path(folder)
+    copied = []
+    for e in sorted(entries, key=lambda e: e.path):
+        name = e.path[len(prefix):]
+        if (not isinstance(e, RepoFile) or name.startswith(".") or name in _NOT_SIDE or name == INDEX_NAME
+                or name.endswith(".safetensors") or e.size > SIDE_FILE_LIMIT
+                or ("/" in name and not name.startswith(_TEMPLATES + "/"))):
+            continue
+        cached = _download(client, repo, commit, RemoteFile(e.path, int(e.size), e.blob_id), label=files.label(e.path))
+        dst = folder / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.partial")
+        shutil.copyfile(cached, tmp)
+        os.replace(tmp, dst)
+        copied.append(name)
+    return tuple(copied)
+
+
+def _remove_side_files(folder: Path, names) -> None:
+    for name in names:
+        p = folder / name
+        for q in (p, p.with_name(f".{p.name}.partial")):
+            q.unlink(missing_ok=True)
+    sub = folder / _TEMPLATES
+    if sub.is_dir() and not any(sub.iterdir()):
+        sub.rmdir()
+
+
+@dataclass(frozen=True)
+class GGUFBudget:
+    """``--max-disk`` for a GGUF run: the output, the fetched side files and the two largest source
+    shards staged at once (a tensor's read may straddle two; workers read a little ahead)."""
+
+    max_disk: int
+    output_bytes: int                       # the output's files, plus the staging window's slack
+    side_bytes: int
+    shards: tuple[tuple[str, int], ...]     # the two largest source shards
+
+    @property
+    def need(self) -> int:
+        from .staged import _blocks
+
+        return _blocks(self.output_bytes) + _blocks(self.side_bytes) + sum(_blocks(n) for _, n in self.shards)
+
+    @property
+    def ok(self) -> bool:
+        return self.need <= self.max_disk
+
+    def message(self) -> str:
+        big = " and ".join(f"{s} ({n:,} bytes)" for s, n in self.shards)
+        if not self.ok:
+            return (f"--max-disk {self.max_disk:,} bytes cannot work: the output ({self.output_bytes:,} bytes) plus "
+                    f"the largest source shards {big} need {self.need:,} bytes")
+        return (f"--max-disk {self.max_disk:,} bytes works: the output plus the two largest source shards need "
+                f"{self.need:,}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_disk": self.max_disk, "need": self.need, "ok": self.ok, "output_estimate": self.output_bytes,
+                "side_files_bytes": self.side_bytes, "largest_shards": [list(s) for s in self.shards],
+                "message": self.message()}
+
+
+def gguf_budget(ckpt, output_bytes: int, max_disk: int, side_bytes: int) -> GGUFBudget:
+    from .staged import budget_check
+
+    sizes = {n: ckpt.shard_size(n) for n in ckpt.shards}
+    reserve = budget_check(sizes, len(ckpt.tensors), output_bytes, max_disk).output_bytes
+    two = tuple(sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[:2])
+    return GGUFBudget(int(max_disk), reserve, int(side_bytes), two)
+
+
+def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry_run: bool = False,
+                  workers: int | None = None, progress: bool = False, **options: Any) -> HubRun:
+    """``k3ckpt gguf`` from ``url`` into ``out`` (``GGUFResult`` in ``.result``) with staged shards.
+
+    The side files (vocabulary, config, chat templates) are fetched first into the staging folder
+    (default ``.k3ckpt-staging`` beside ``out``) and read from there; the plan and the ``max_disk``
+    budget (``GGUFBudget``) come before any shard is downloaded.  Shards are staged when a tensor
+    first reads them and released once no later tensor does (the GGUF order is by layer, not the
+    source's).  A dry run fetches only the side files, into a temporary folder.  ``resume`` pins the
+    commit the first run recorded in its manifest.  ``options``: ``staging``, ``keep_source``,
+    ``max_disk``, ``endpoint``, ``token``, ``client`` and the ``gguf.convert.write_gguf`` options."""
+    import tempfile
+
+    from ..errors import DiskSpaceError
+    from ..gguf.manifest import GGUFManifest, manifest_path
+    from ..gguf.run import dry_result, estimate, output_files, plan_job, resolve_workers, run_job, with_root
+    from .staged import STAGING_DIR, allocated_bytes, budget_check
+    from .url import parse_hub_url
+
+    stage = _stage_kw(options)
+    stage.pop("window", None)
+    out = Path(out)
+    n = resolve_workers(workers)
+    ref = parse_hub_url(url)
+    if resume and manifest_path(out).is_file():   # the commit the first run read, even if the branch moved
+        commit = GGUFManifest.load(manifest_path(out)).source_commit
+        if commit is not None:
+            ref = ref.pinned(commit)
+    tmp = tempfile.TemporaryDirectory(prefix="k3ckpt-gguf-") if dry_run else None
+    try:
+        given = stage.pop("staging", None)
+        folder = Path(tmp.name) if tmp is not None else Path(given) if given else out.parent / STAGING_DIR
+        max_disk = stage.get("max_disk")
+        with open_staged(ref, out.parent, staging=folder, **stage) as ckpt:
+            folder.mkdir(parents=True, exist_ok=True)
+            side = download_side_files(ckpt, folder)
+            side_bytes = sum((folder / s).stat().st_size for s in side)
+            view = with_root(ckpt, folder)
+            base = plan_job(view, out, measure=False, **options)     # headers and vocabulary only
+            grow = 0
+            if options.get("target_bpw") is not None:   # measured types may be larger than the base plan's
+                experts = [p for p in base.planned if p.recipe.kind == "experts"]
+                weights = sum(_numel(p.info.shape) for p in experts)
+                grow = max(0, int(weights * float(options["target_bpw"]) / 8) - sum(p.info.nbytes for p in experts))
+            budget = None if max_disk is None else gguf_budget(ckpt, base.total_size + grow, max_disk, side_bytes)
+            if dry_run:
+                pf = budget_check({s: ckpt.shard_size(s) for s in ckpt.shards}, len(ckpt.tensors),
+                                  base.total_size + grow, max_disk)
+                result = dry_result(base, estimate(view, base, n),
+                                    budget=budget.to_dict() if budget is not None else None)
+                return HubRun(result, side, str(ckpt.hub.url), ckpt.hub.commit, ckpt.staging.stats(), pf)
+            if budget is not None and not budget.ok:
+                raise DiskSpaceError(budget.message(), file=str(out))
+            job = base if options.get("target_bpw") is None else plan_job(view, out, measure=True,
+                                                                          progress=progress, **options)
+            win = ckpt.staging
+            win.output_bytes = lambda: sum(allocated_bytes(p) for p in output_files(job))
+            pf = win.preflight(job.total_size)
+            win.window = len(ckpt.shards) + 1      # no release behind a front: releases go by last use
+            last: dict[int, list[str]] = {}
+            for shard, i in _last_use(view, job).items():
+                last.setdefault(i, []).append(shard)
+
+            def after(i: int) -> None:
+                for shard in last.get(i, ()):
+                    win.release(shard)
+
+            result = run_job(view, job, resume=resume, workers=n, progress=progress, after_tensor=after)
+            if not win.stager.keep:
+                _remove_side_files(folder, side)
+            ckpt.finish()
+            result = _with_budget(result, budget)
+            return HubRun(result, side, str(ckpt.hub.url), ckpt.hub.commit, win.stats(), pf)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _last_use(ckpt, job) -> dict[str, int]:
+    """Source shard -> the last planned tensor (by index) that reads it."""
+    out: dict[str, int] = {}
+    for i, p in enumerate(job.planned):
+        for name in p.recipe.sources:
+            out[ckpt.tensors[name].shard] = i
+    return out
+
+
+def _with_budget(result, budget):
+    import dataclasses
+
+    return result if budget is None else dataclasses.replace(result, budget=budget.to_dict())

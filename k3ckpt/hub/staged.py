@@ -145,10 +145,13 @@ class ShardWindow:
         self._front = -1
         self._peak = 0
         self._lock = threading.RLock()
+        self.output_bytes = None   # optional () -> int: the output's bytes on disk, when it is not a folder
 
     # -- budget ------------------------------------------------------------------
 
     def output_on_disk(self) -> int:
+        if self.output_bytes is not None:
+            return self.output_bytes()
         return allocated_bytes(self.output_dir, exclude=self.stager.folder)
 
     def staged_on_disk(self) -> int:
@@ -221,6 +224,11 @@ class ShardWindow:
         if f is not None:
             f.close()
             self.stager.release(shard)
+
+    def release(self, shard: str) -> None:
+        """Release ``shard`` now: the caller knows no later read needs it."""
+        with self._lock:
+            self._release(shard)
 
     def release_all(self) -> None:
         with self._lock:

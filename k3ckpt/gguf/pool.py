@@ -1,0 +1,189 @@
+"""Routed experts produced by worker processes while the parent writes them in order.
+
+Encoding an expert (IQ2_XS from MXFP4 codes: about 2 s of one core for a K3
+expert) is what a GGUF run spends its time on; everything else is copying.
+``ExpertRunner`` hands experts to a process pool (``requant._stream.pool_context``:
+a fork server or spawn, never a fork of the parent) and gives their bytes back
+in submission order, so the file is the same for any worker count.  At most
+``2 x workers`` experts are in flight (a few MB each once encoded; a worker
+holds one expert's decoded floats, about 270 MB for K3's largest), and the
+parent submits only within one run of consecutive expert tensors, so it never
+holds more than that window.
+
+A task names where its source tensors lie (``SourceFiles``: the shard file's
+path and the tensor's offset, for a staged ``hf://`` source the staged copy's
+path) and the worker opens the files itself; only a source without local files
+(an unstaged remote checkpoint) has its arrays read by the parent and sent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
+
+from ..errors import WorkerLostError
+from . import container as C
+from .tensors import Planned, Recipe
+
+
+def one_expert(p: Planned, e: int) -> Planned:
+    """Expert ``e`` of stacked expert tensor ``p`` as a plan of its own (one expert, ``[1, rows, K]``):
+    ``produce.tensor_pieces`` of it is exactly that expert's piece of ``p``."""
+    r = p.recipe
+    info = C.TensorInfo(p.info.name, p.info.ggml_type, (1,) + tuple(p.info.shape[1:]))
+    if r.rows:          # gpt-oss: every expert in one fused tensor, so the piece is expert e of it
+        return replace(p, info=info, recipe=replace(r, arg=1, first=r.first + e))
+    per = len(r.sources) // r.arg
+    return replace(p, info=info, recipe=Recipe("experts", r.sources[e * per:(e + 1) * per], 1))
+
+
+def expert_bytes(ckpt, p: Planned, e: int) -> bytes:
+    from .produce import tensor_pieces
+
+    return b"".join(tensor_pieces(ckpt, one_expert(p, e)))
+
+
+class SourceFiles:
+    """Where a worker process reads source tensors, staging ``hf://`` shards on the way.
+
+    ``staged``: shards come and go (``hub.staged.ShardWindow``), so the runner must not stage a
+    new shard while workers still read others (staging may release them to stay in budget)."""
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+        self.window = getattr(ckpt, "staging", None)
+        self.staged = self.window is not None
+
+    def shards(self, names) -> set[str]:
+        return {self.ckpt.tensors[n].shard for n in names}
+
+    def locate(self, names) -> dict | None:
+        """name -> TensorEntry whose ``shard`` is the file's path; None when a source has no local file."""
+        from ..io.reader import LocalFile
+
+        out = {}
+        for n in names:
+            e = self.ckpt.tensors[n]
+            f = self.window.local(e.shard) if self.staged else self.ckpt.source(e.shard)
+            if not isinstance(f, LocalFile):
+                return None
+            out[n] = e._replace(shard=str(f.path))
+        return out
+
+
+class _FileTensors:
+    """The few tensors of one task, read from their files by path (a worker's checkpoint)."""
+
+    def __init__(self, entries: dict):
+        from ..io.reader import Checkpoint, LocalFile
+
+        paths = sorted({e.shard for e in entries.values()})
+        self._files = {p: LocalFile(p) for p in paths}
+        self._ckpt = Checkpoint(root=None, config=None, index_metadata={}, shards=paths, headers={},
+                                tensors=entries, sources=self._files)
+
+    def read_raw(self, name: str):
+        return self._ckpt.read_raw(name)
+
+    def read_rows(self, name: str, start: int, stop: int):      # one expert of a fused gpt-oss tensor
+        return self._ckpt.read_rows(name, start, stop)
+
+    def close(self) -> None:
+        for f in self._files.values():   # closed per task: a released staged shard must not stay open
+            f.close()
+
+
+class _Arrays:
+    def __init__(self, arrays: dict):
+        self._arrays = arrays
+
+    def read_raw(self, name: str):
+        return self._arrays[name]
+
+    def close(self) -> None:
+        pass
+
+
+def run_task(p: Planned, entries: dict | None, arrays: dict | None) -> bytes:
+    """Pool entry point: one expert's bytes (``p`` is ``one_expert``'s plan)."""
+    src = _FileTensors(entries) if entries is not None else _Arrays(arrays)
+    try:
+        return expert_bytes(src, p, 0)
+    finally:
+        src.close()
+
+
+def init_worker(parent_pid: int) -> None:
+    """Pool initializer: end with the parent (``requant.worker._exit_with``), even when it is killed."""
+    from ..requant.worker import _exit_with
+
+    _exit_with(parent_pid)
+
+
+def _lost(name: str) -> WorkerLostError:
+    return WorkerLostError("a worker process ended without a result (killed from outside: out of memory, or a "
+                           "signal); finished splits are kept, rerun with --resume", tensor=name)
+
+
+class ExpertRunner:
+    """Experts of consecutive expert tensors, computed ahead by ``workers`` processes.
+
+    ``run(tensors)`` yields ``(planned, expert, bytes)`` in order for every expert of ``tensors``
+    (a run of expert tensors that come one after another in the file)."""
+
+    def __init__(self, ckpt, workers: int):
+        self.files = SourceFiles(ckpt)
+        self.workers = workers
+        self._pool = None
+
+    def _executor(self):
+        if self._pool is None:
+            from concurrent.futures import ProcessPoolExecutor
+
+            from ..requant._stream import pool_context
+
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=pool_context(),
+                                             initializer=init_worker, initargs=(os.getpid(),))
+        return self._pool
+
+    def run(self, tensors: list[Planned]):
+        todo = deque((p, e) for p in tensors for e in range(p.recipe.arg))
+        pending: deque = deque()       # (planned, expert, shards it reads, future)
+
+        def submit() -> None:
+            p, e = todo.popleft()
+            sub = one_expert(p, e)
+            shards = self.files.shards(sub.recipe.sources)
+            if self.files.staged and not shards <= set().union(*(s for _, _, s, _ in pending)):
+                # staging a new shard may release others to stay in --max-disk: none may be in use
+                while pending:
+                    yield drain()
+            entries = self.files.locate(sub.recipe.sources)
+            arrays = None
+            if entries is None:
+                arrays = {n: self.files.ckpt.read_raw(n) for n in sub.recipe.sources}
+            try:
+                future = self._executor().submit(run_task, sub, entries, arrays)
+            except BrokenProcessPool:
+                raise _lost(p.info.name) from None
+            pending.append((p, e, shards, future))
+
+        def drain():
+            p, e, _, future = pending.popleft()
+            try:
+                return p, e, future.result()
+            except BrokenProcessPool:
+                raise _lost(p.info.name) from None
+
+        while todo or pending:
+            while todo and len(pending) < 2 * self.workers:
+                yield from submit()
+            if pending:
+                yield drain()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

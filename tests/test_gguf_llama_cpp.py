@@ -274,3 +274,86 @@ def test_kimi_k2_yarn_rope_keys_match_the_converter(converter_dir, kimi_k2_tiny,
     assert {k for k in want if ".rope." in k} >= {"deepseek2.rope.scaling.type", "deepseek2.rope.freq_base",
                                                     "deepseek2.rope.scaling.yarn_log_multiplier"}
     assert got == want
+
+
+# gpt-oss: the converter runs unmodified but for its pre-tokenizer check, which names the pre-tokenizer
+# by hashing the token ids of a probe text; only the real o200k vocabulary gives gpt-oss's hash (gpt-4o),
+# so the tiny fixture's o200k-style tokenizer is named gpt-4o directly.
+HARNESS_GPT_OSS = """
+import sys
+from pathlib import Path
+llama = Path(sys.argv[1])
+sys.path[:0] = [str(llama), str(llama / "gguf-py")]
+import convert_hf_to_gguf
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-4o"
+sys.argv = ["convert_hf_to_gguf.py", sys.argv[2], "--outfile", sys.argv[3], "--outtype", "bf16"]
+convert_hf_to_gguf.main()
+"""
+
+
+def _convert_gpt_oss(converter_dir, src, out):
+    proc = subprocess.run([sys.executable, "-c", HARNESS_GPT_OSS, str(converter_dir), str(src), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_pair(converter_dir, gpt_oss_tiny, tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpt-oss")
+    theirs = _convert_gpt_oss(converter_dir, gpt_oss_tiny, d / "conv.gguf")
+    with open_checkpoint(gpt_oss_tiny) as ckpt:
+        mine = write_gguf(ckpt, d / "ours.gguf", expert_type="mxfp4").paths[0]
+    return theirs, mine
+
+
+def test_gpt_oss_matches_the_converter_and_runs_the_same(llama_cpp, gpt_oss_pair):
+    """gpt-oss from its fused MXFP4 experts: gate/up split, the lossless repack, biases and sinks;
+    every tensor byte-identical to the converter's, the same metadata, identical logits."""
+    theirs, mine = gpt_oss_pair
+    want, got = _tensors(theirs), _tensors(mine)
+    assert sorted(got) == sorted(want)
+    differ = [n for n in want if _bytes(got[n]) != _bytes(want[n]) or got[n].tensor_type != want[n].tensor_type
+              or list(got[n].shape) != list(want[n].shape)]
+    assert differ == []
+    assert _fields(mine) == _fields(theirs)
+    a, b = _logits(llama_cpp, theirs), _logits(llama_cpp, mine)
+    assert np.isfinite(a).all() and a.std() > 0
+    np.testing.assert_array_equal(a, b)
+
+
+def test_llama_cpp_tokenizes_gpt_oss_text_as_the_tokenizer_json_does(llama_cpp, gpt_oss_pair, gpt_oss_tiny):
+    """Our vocabulary in llama.cpp (gpt-4o pre-tokenizer, merges, specials): the token ids the
+    tokenizers library gives, and no BOS added (the ByteLevel post-processor's add_bos_token = false)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(Path(gpt_oss_tiny) / "tokenizer.json"))
+    m = llama_cpp.Llama(model_path=str(gpt_oss_pair[1]), vocab_only=True, verbose=False)
+    for text in ("The experts of the model are stored in blocks of 32 values.",
+                 "<|start|>user<|message|>Hi there, it's 2025!<|end|><|start|>assistant<think>",
+                 "  spaces\n\nand newlines\t"):
+        want = tok.encode(text).ids
+        assert m.tokenize(text.encode(), add_bos=True, special=True) == want, text
+        assert m.detokenize(want, special=True).decode() == text
+    m.close()
+
+
+def test_gpt_oss_real_config_keys_match_the_converter(converter_dir, gpt_oss_tiny, tmp_path):
+    """openai/gpt-oss's config.json spells out the rope scaling (YaRN, factor 32 from 4,096) and the
+    context the fixture leaves to transformers' defaults; the converter reads both the same way we do."""
+    import json
+    import shutil
+
+    src = tmp_path / "gpt-oss-real-keys"
+    shutil.copytree(gpt_oss_tiny, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(max_position_embeddings=65536, initial_context_length=4096, rope_theta=50000,
+               rope_scaling={"beta_fast": 16.0, "beta_slow": 2.0, "factor": 16.0,
+                             "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False})
+    (src / "config.json").write_text(json.dumps(cfg))
+    theirs = _convert_gpt_oss(converter_dir, src, tmp_path / "conv.gguf")
+    with open_checkpoint(src) as ckpt:
+        mine = write_gguf(ckpt, tmp_path / "ours.gguf", expert_type="mxfp4").paths[0]
+    got, want = _fields(mine), _fields(theirs)
+    assert want["gpt-oss.rope.scaling.factor"][1] == 16.0 and want["gpt-oss.context_length"][1] == 65536
+    assert got == want

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedError
-from . import deepseek2, kimi_k3
+from . import deepseek2, gpt_oss, kimi_k3
 
 # HF architecture -> (layout module, where its text config lives)
 ARCHITECTURES = {
     "KimiK3ForConditionalGeneration": (kimi_k3, "text_config"),
     "DeepseekV3ForCausalLM": (deepseek2, None),
+    "GptOssForCausalLM": (gpt_oss, None),
 }
 
 

@@ -100,6 +100,42 @@ def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int,
     return float_bytes(x, ggml_type), x
 
 
+# gpt-oss fused experts: which rows of each expert a recipe takes (gate_up_proj interleaves gate, up)
+_FUSED_ROWS = {"all": slice(None), "even": slice(0, None, 2), "odd": slice(1, None, 2)}
+
+
+def fused_pair(ckpt, r, expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expert ``expert``'s MXFP4 codes ``[rows, K/2]`` and scales ``[rows, K/32]`` from gpt-oss's
+    fused ``_blocks`` ``[E, 2I or H, K/32, 16]`` / ``_scales``, its ``r.rows`` rows only (the
+    blocks are the pair layout's bytes, ``formats.gptoss``); one expert is read, not the tensor."""
+    from ..formats.gptoss import blocks_to_packed
+
+    i = r.first + expert
+    n = ckpt.tensors[r.sources[0]].shape[0] if hasattr(ckpt, "tensors") else r.first + r.arg
+    if not (0 <= expert < r.arg and r.first + r.arg <= n):
+        raise UnsupportedError(f"{r.sources[0]}: expert {expert} of a recipe for experts {r.first}.."
+                               f"{r.first + r.arg - 1}, the tensor has {n}")
+    read_rows = getattr(ckpt, "read_rows", None)
+    blocks, scales = (read_rows(s, i, i + 1)[0] if read_rows else ckpt.read_raw(s)[i] for s in r.sources)
+    rows = _FUSED_ROWS[r.rows]
+    return blocks_to_packed(np.ascontiguousarray(blocks[rows])), np.ascontiguousarray(scales[rows])
+
+
+def _pair_expert(packed: np.ndarray, scale: np.ndarray, name: str, ggml_type: int,
+                 want_ref: bool = False) -> tuple[bytes, np.ndarray | None]:
+    """``_expert``'s MXFP4 conversions, for codes already read (gpt-oss's fused experts)."""
+    from ..formats import get_format
+    from ..formats.gguf_mxfp4 import pair_to_gguf
+    from ..formats.mxfp4 import decode_pair
+
+    x = decode_pair(packed, scale, name=name) if want_ref or ggml_type not in (MXFP4, *_FROM_MXFP4) else None
+    if ggml_type == MXFP4:
+        return pair_to_gguf(packed, scale, name=name).tobytes(), x
+    if ggml_type in _FROM_MXFP4:
+        return get_format(_FROM_MXFP4[ggml_type]).from_mxfp4(packed, scale, name=name)["packed"].tobytes(), x
+    return float_bytes(x, ggml_type), x
+
+
 def decode_ggml(data: bytes, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
     """float32 values of ``data``, a ``ggml_type`` tensor of numpy ``shape`` (rows last): k3ckpt's
     decoders for the types it encodes, the ``gguf`` package's for the rest."""
@@ -137,16 +173,21 @@ def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False) -> Exp
     """Expert ``expert`` of planned expert tensor ``p``; ``measure``: also its error against the
     source values (decoded MXFP4 / FP8 / INT4, or the float weights), from our bytes decoded back."""
     r, t = p.recipe, p.info.ggml_type
-    per = len(r.sources) // r.arg
-    srcs = r.sources[expert * per:(expert + 1) * per]
-    data, ref = _expert(ckpt, srcs, p.source_dtype, t, want_ref=measure)
+    if r.rows:                                       # gpt-oss: every expert in one fused tensor
+        srcs = r.sources
+        packed, scale = fused_pair(ckpt, r, expert)
+        data, ref = _pair_expert(packed, scale, f"{srcs[0]}[{r.first + expert}]", t, want_ref=measure)
+    else:
+        per = len(r.sources) // r.arg
+        srcs = r.sources[expert * per:(expert + 1) * per]
+        data, ref = _expert(ckpt, srcs, p.source_dtype, t, want_ref=measure)
     if not measure:
         return ExpertPiece(expert, data)
     from ..requant.results import TensorResult
     from ..requant.worker import _error
 
     stats, row_bias = _error(ref, decode_ggml(data, t, p.info.shape[1:]))
-    name = srcs[0].removesuffix("_packed")           # the source's weight, as requant reports name it
+    name = srcs[0].removesuffix("_packed").removesuffix("_blocks")   # the source's weight, as requant names it
     zeros = float(np.count_nonzero(ref == 0)) / ref.size if ref.size else 0.0
     return ExpertPiece(expert, data, TensorResult(
         name=name, layer=p.layer, expert=expert, projection=PROJECTIONS.get(p.info.name.split(".")[2]),
@@ -192,5 +233,8 @@ def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:
         nope = p.info.shape[2] if r.kind == "k_b" else raw.shape[1] - p.info.shape[1]
         part = raw[:, :nope, :].transpose(0, 2, 1) if r.kind == "k_b" else raw[:, nope:, :]
         yield _copy_bytes(np.ascontiguousarray(part), src_dtype, t)
+    elif r.kind == "deinterleave":  # gpt-oss gate_up_proj_bias [E, 2I]: gate the even entries, up the odd
+        raw = ckpt.read_raw(r.sources[0])
+        yield _copy_bytes(np.ascontiguousarray(raw[..., r.arg::2]), entries[0].dtype, t)
     else:
         raise AssertionError(f"unknown recipe {r.kind!r}")

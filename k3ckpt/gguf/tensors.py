@@ -29,11 +29,20 @@ class Recipe:
     ``kv_b_proj``, ``arg`` heads), ``experts`` (one projection of every routed expert,
     stacked; ``arg`` experts). A block-FP8 source lists its weight then its
     ``weight_scale_inv``.
+
+    gpt-oss fuses every expert of a projection into one ``[E, rows, ...]`` tensor:
+    its ``experts`` recipe names that tensor's ``_blocks`` and ``_scales`` once and
+    sets ``rows`` to which rows of each expert it takes: ``all``, ``even`` (the gate
+    half of ``gate_up_proj``) or ``odd`` (the up half); its ``arg`` experts start at
+    ``first`` (0 but for one expert cut out for a worker). ``deinterleave`` takes the
+    ``arg``-th of every two entries along the last axis (``gate_up_proj_bias``).
     """
 
     kind: str
     sources: tuple[str, ...]
     arg: int = 0
+    rows: str = ""              # fused experts only: "all", "even" or "odd"
+    first: int = 0              # fused experts only: the source index of the recipe's first expert
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,12 @@ def out_type(gguf_name: str, shape: tuple[int, ...], source_dtype: str, outtype:
         return SOURCE_TYPES[source_dtype]
     except KeyError:
         raise UnsupportedError(f"no GGUF type for a {source_dtype} tensor {gguf_name!r}; pass --outtype") from None
+
+
+def row_fits(ggml_type: int, n_per_row: int) -> bool:
+    """Whether rows of ``n_per_row`` values split into ``ggml_type``'s blocks (ggml's block sizes,
+    ``gguf.GGML_QUANT_SIZES``: 32 for Q8_0 and MXFP4, 256 for Q2_K and the IQ types)."""
+    return n_per_row % C.type_sizes(ggml_type)[0] == 0
 
 
 def layer_order(by_layer: dict[int | None, list[Planned]]) -> list[Planned]:

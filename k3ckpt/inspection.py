@@ -145,11 +145,12 @@ def _bucket_list(acc: dict[str, list[int]]) -> tuple[Bucket, ...]:
     return tuple(sorted(rows, key=lambda b: (-b.bytes, b.key)))
 
 
-def _group_tensors(profile, headers) -> tuple[dict[tuple, list], set[tuple[int, int]], list[str]]:
+def _group_tensors(profile, headers) -> tuple[dict[tuple, list], list[tuple[np.ndarray, np.ndarray]], list[str]]:
     """Tensors sharing a name template, dtype, shape and layer share a role and a
     size: ``{(entry, layer, dtype, shape): [count, example name, bytes each]}``
-    (a K3 has 497,220 tensors in ~2,700 such groups), the (layer, expert) pairs
-    of per-expert tensors, and the names no rule recognises.  Works on whole
+    (a K3 has 497,220 tensors in ~2,700 such groups), the layer and expert
+    columns of per-expert tensors (``_experts_per_layer``), and the names no rule
+    recognises.  Works on whole
     columns: per tensor only its name and the index of its (dtype, shape)."""
     names: list[str] = []
     kind_ids: dict[tuple, int] = {}
@@ -160,7 +161,7 @@ def _group_tensors(profile, headers) -> tuple[dict[tuple, list], set[tuple[int, 
         names.extend(h.tensors)
         parts.append(remap[kind_of_h] if len(kind_of_h) else kind_of_h)
     if not names:
-        return {}, set(), []
+        return {}, [], []
     kind = np.concatenate(parts)
     kinds = list(kind_ids)
     dtype_ids: dict[str, int] = {}
@@ -184,10 +185,25 @@ def _group_tensors(profile, headers) -> tuple[dict[tuple, list], set[tuple[int, 
         groups[(entries[which[i]], int(layer[i]) if layer[i] >= 0 else None, *kinds[k], int(declared[i]))] = [
             c, names[i], nbytes[k]]
     pair = (layer >= 0) & (expert >= 0)
-    experts = set(zip(layer[pair].tolist(), expert[pair].tolist()))
+    experts = [(layer[pair], expert[pair])]
     other = [i for i, e in enumerate(entries) if e.role is Role.OTHER]
     unrecognised = [names[i] for i in np.flatnonzero(np.isin(which, other)).tolist()] if other else []
     return groups, experts, unrecognised
+
+
+def _experts_per_layer(columns: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, int]:
+    """Distinct routed experts per layer, from (layer, expert) column pairs: a
+    K3's 245,000 per-expert tensors are 82,432 experts, counted by numpy."""
+    layer = np.concatenate([c[0] for c in columns]) if columns else np.empty(0, dtype=np.int64)
+    expert = np.concatenate([c[1] for c in columns]) if columns else np.empty(0, dtype=np.int64)
+    if layer.dtype == object or expert.dtype == object:   # numbers past int64 (hostile names)
+        counts: dict[int, int] = defaultdict(int)
+        for lay, _ in set(zip(layer.tolist(), expert.tolist())):
+            counts[lay] += 1
+        return dict(counts)
+    pairs = np.unique(np.stack([layer, expert], axis=1), axis=0)
+    layers, counts_ = np.unique(pairs[:, 0], return_counts=True)
+    return dict(zip(layers.tolist(), counts_.tolist()))
 
 
 def _declared_column(profile, names: list[str]) -> np.ndarray:
@@ -207,7 +223,6 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
     by_role: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     by_storage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     per_layer_bytes: dict[int, int] = defaultdict(int)
-    per_layer_experts: dict[int, set[int]] = defaultdict(set)
     per_layer_expert_params: dict[int, int] = defaultdict(int)
     shard_tensors: dict[str, int] = defaultdict(int)
     routed_bytes = routed_params = total_bytes = params_total = vision_params = 0
@@ -243,11 +258,10 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
                 per_layer_expert_params[layer] += params
                 if tr.expert is None and len(shape) >= 3 and tr.part in ("blocks", "scales", "weight", "bias"):
                     # fused [E, ...] tensors (gpt-oss): the leading dim counts the experts
-                    experts.update((layer, e) for e in range(shape[0]))
+                    experts.append((np.full(shape[0], layer, dtype=np.int64), np.arange(shape[0], dtype=np.int64)))
         elif tr.role is Role.VISION:
             vision_params += params
-    for layer, e in experts:
-        per_layer_experts[layer].add(e)
+    per_layer_experts = _experts_per_layer(experts)
 
     warnings: list[str] = []
     if misdeclared:
@@ -258,7 +272,7 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
         # A token runs top_k of each MoE layer's experts and every other text weight.
         active_routed = sum(p * geo.top_k / geo.experts for p in per_layer_expert_params.values())
         params_active = int(round(params_total - vision_params - routed_params + active_routed))
-        seen = {len(v) for v in per_layer_experts.values()}
+        seen = set(per_layer_experts.values())
         if seen and seen != {geo.experts}:
             warnings.append(f"config says {geo.experts} experts per layer, headers hold {sorted(seen)}")
     elif geo is not None:
@@ -269,7 +283,7 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
         dense, moe = set(geo.dense_layers), set(geo.moe_layers)
         for i in range(geo.num_layers):
             mlp = "moe" if i in moe else "dense" if i in dense else "none"
-            layers.append(LayerInfo(i, mlp, geo.attention.get(i, "unknown"), len(per_layer_experts.get(i, ())),
+            layers.append(LayerInfo(i, mlp, geo.attention.get(i, "unknown"), per_layer_experts.get(i, 0),
                                     per_layer_bytes.get(i, 0)))
         extra_layers = sorted(set(per_layer_bytes) - set(range(geo.num_layers)))
         if extra_layers:
@@ -303,7 +317,7 @@ def inspect_checkpoint(ckpt: Checkpoint, *, source: str | None = None) -> Inspec
         total_bytes=total_bytes,
         params_total=params_total,
         params_active=params_active,
-        routed_experts=len(experts),
+        routed_experts=sum(per_layer_experts.values()),
         routed_expert_bytes=routed_bytes,
         routed_expert_params=routed_params,
         by_role=_bucket_list(by_role),

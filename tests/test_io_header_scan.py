@@ -206,3 +206,83 @@ def test_fuzz_index_edits_agree(flips, cuts):
         _index_same(_edited(_index(40), flips, cuts), mp)
     finally:
         mp.undo()
+
+
+# ---------------------------------------------------------------------------
+# the index checked against the headers: the columns path (``match_names``) against
+# the dict path, on checkpoints whose index and headers agree or disagree
+
+
+def _checkpoint(d, shards: dict[str, list[str]], index: dict[str, str] | str) -> None:
+    """Shards holding the named U8 tensors (two bytes each) and an index (a weight map, or raw text)."""
+    d.mkdir()
+    for shard, names in shards.items():
+        prefix, offs = H.build_header([(n, "U8", (2,), 2) for n in names])
+        (d / shard).write_bytes(prefix + bytes(2 * len(names)))
+    text = index if isinstance(index, str) else json.dumps({"metadata": {"total_size": 1}, "weight_map": index},
+                                                           indent=2)
+    (d / "model.safetensors.index.json").write_text(text)
+
+
+def _open_outcome(d, monkeypatch, *, plain: bool):
+    from k3ckpt.io import reader
+
+    monkeypatch.setattr(H, "_PLAIN_SCAN_MIN", 0 if plain else 1 << 60)
+    took_columns = False
+    try:
+        loaded = reader._load_json_file(d / "model.safetensors.index.json", what="index JSON", index=True)
+        took_columns = isinstance(loaded, reader.IndexColumns)
+        with reader.open_checkpoint(d) as ck:
+            got = [(n, e.shard, e.data_offset) for n, e in ck.tensors.items()], ck.index_metadata
+    except K3ckptError as e:
+        got = (type(e), str(e))
+    return got, took_columns
+
+
+_A = [f"model.layers.{i}.mlp.experts.{j}.w1.weight" for i in range(3) for j in range(4)]
+_B = [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(3)] + ["lm_head.weight"]
+_S1, _S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+_AGREE = {**dict.fromkeys(_A, _S1), **dict.fromkeys(_B, _S2)}
+
+
+@pytest.mark.parametrize("shards, index", [
+    ({_S1: _A, _S2: _B}, _AGREE),                                                 # agree
+    ({_S1: _A, _S2: _B}, dict(sorted(_AGREE.items(), reverse=True))),             # any order
+    ({_S1: _A, _S2: _B}, {k: v for k, v in _AGREE.items() if k != _A[5]}),       # held, not listed
+    ({_S1: _A, _S2: _B}, {**_AGREE, "model.extra.weight": _S2}),                  # listed, not held
+    ({_S1: _A, _S2: _B}, {**_AGREE, _A[3]: _S2}),                                 # listed for the other shard
+    ({_S1: _A, _S2: _B + [_A[0]]}, _AGREE),                                       # held by both shards
+    ({_S1: _A, _S2: _B + [_A[0]]}, {**_AGREE, "model.extra.weight": _S2}),        # held twice, counts equal
+    ({_S1: _A, _S2: _B[:-1] + ["lm_head.weighs"]}, _AGREE),                       # one byte apart
+    ({_S1: _A, _S2: _B[:-1] + ["lm_head.weight\n"]}, _AGREE),                     # a newline in a held name
+    ({_S1: _A, _S2: _B[:-1] + ["lm_head.weight\u00e9"]}, _AGREE),                 # not ASCII
+    ({_S1: _A, _S2: _B}, json.dumps({"weight_map": _AGREE}).replace(
+        f'"{_A[1]}"', f'"{_A[0]}"', 1)),                                           # the index repeats a name
+    ({_S1: _A, _S2: _B}, json.dumps({"metadata": [], "weight_map": _AGREE})),     # metadata not an object
+    ({_S1: _A, _S2: _B}, json.dumps({"metadata": None, "weight_map": _AGREE})),
+    ({_S1: _A, _S2: _B}, {**_AGREE, _A[0]: "../x.safetensors"}),                  # unsafe shard name
+    ({_S1: _A, _S2: _B}, dict.fromkeys(_A + _B, _S1)),                             # one shard not listed
+])
+def test_index_check_agrees(tmp_path, monkeypatch, shards, index):
+    _checkpoint(tmp_path / "ck", shards, index)
+    strict, _ = _open_outcome(tmp_path / "ck", monkeypatch, plain=False)
+    fast, took_columns = _open_outcome(tmp_path / "ck", monkeypatch, plain=True)
+    assert fast == strict
+    if isinstance(index, dict) and "../" not in "".join(index.values()):
+        assert took_columns   # the columns path really ran
+
+
+def test_index_check_agrees_on_the_packaged_k3_names(tmp_path, monkeypatch):
+    """The K3 index's real names, a few thousand, spread over shards as the index says."""
+    from k3ckpt.fixtures import real_k3_index
+
+    wm = real_k3_index()["weight_map"]
+    shards: dict[str, list[str]] = {}
+    for n in sorted(wm):   # every shard keeps some of its names: a numbered set must be whole
+        shards.setdefault(wm[n], []).append(n)
+    shards = {s: names[:: max(1, len(wm) // 3000)] for s, names in shards.items()}
+    names = [n for ns in shards.values() for n in ns]
+    _checkpoint(tmp_path / "ck", shards, {n: wm[n] for n in names})
+    strict, _ = _open_outcome(tmp_path / "ck", monkeypatch, plain=False)
+    fast, took_columns = _open_outcome(tmp_path / "ck", monkeypatch, plain=True)
+    assert took_columns and fast == strict and len(strict[0]) == len(names)

@@ -397,6 +397,38 @@ def test_fuzz_open_checkpoint_raises_only_our_errors(case):
                 assert len(ck.read_bytes(name)) == ck.tensors[name].nbytes
 
 
+def _open_outcome(root: Path):
+    try:
+        with open_checkpoint(root) as ck:
+            return [(n, e.shard, e.data_offset) for n, e in ck.tensors.items()], ck.index_metadata
+    except K3ckptError as e:
+        return type(e), str(e)
+
+
+@FUZZ
+@given(case=mutated_checkpoints())
+def test_fuzz_open_checkpoint_fast_path_agrees(case):
+    """The same mutated checkpoints with the fast path taking every header and index
+    (threshold 0) and with the strict parser alone: the same checkpoint or the same error."""
+    from k3ckpt.io import header as H
+
+    shards, index_bytes = case
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d) / "ck"
+        root.mkdir()
+        for name, b in shards.items():
+            (root / name).write_bytes(b)
+        (root / "model.safetensors.index.json").write_bytes(index_bytes)
+        mp = pytest.MonkeyPatch()
+        try:
+            mp.setattr(H, "_PLAIN_SCAN_MIN", 1 << 60)
+            strict = _open_outcome(root)
+            mp.setattr(H, "_PLAIN_SCAN_MIN", 0)
+            assert _open_outcome(root) == strict
+        finally:
+            mp.undo()
+
+
 @pytest.mark.parametrize("second", ["[2.0]", "[true]", "[2, 0.0e0]", "[1e0, 2]"])
 def test_repeated_shapes_still_refuse_floats_and_bools(second):
     # The parser checks a (dtype, shape) pair once and then only offsets; a float

@@ -23,7 +23,6 @@ member as a byte span parsed strictly (they are small).
 
 from __future__ import annotations
 
-import functools
 import operator
 from typing import Any
 
@@ -33,7 +32,7 @@ from .._numba import njit
 from ..errors import InvalidFileError, UnsupportedError
 from . import dtypes
 from ._span_ids import span_ids
-from .header import TensorInfo, _parse_metadata, loads_strict
+from .header import HeaderTensors, _parse_metadata, loads_strict
 
 # Columns of the ``spans`` array returned per tensor.
 NAME_S, NAME_E, DTYPE_S, DTYPE_E, SHAPE_S, SHAPE_E, BEGIN, END = range(8)
@@ -228,9 +227,9 @@ def _names_blob(buf, starts, ends):
         if t:
             out[j] = 10
             j += 1
-        for k in range(starts[t], ends[t]):
-            out[j] = buf[k]
-            j += 1
+        k = ends[t] - starts[t]
+        out[j:j + k] = buf[starts[t]:ends[t]]   # a slice copy: a memmove, not a loop of byte stores
+        j += k
     return out
 
 
@@ -405,14 +404,109 @@ def _scan_index(buf):
 @njit
 def scan_index(buf):
     """A plain index: (ok, other members' (key start, key end, value start, value
-    end) [m, 4], weight_map names joined by newlines, shard id per name, first
-    name of each shard id, weight_map pairs [n, 4])."""
+    end) [m, 4], weight_map pairs (name start, name end, shard start, shard end)
+    [n, 4], shard id per name, first name of each shard id, hash table of the
+    names for ``match_names``).  Not ok when the index is not plain or names a
+    tensor twice (the strict parser then says so)."""
     ok, pairs, members = _scan_index(buf)
+    empty = np.empty(0, dtype=np.int64)
     if not ok:
-        empty = np.empty(0, dtype=np.int64)
-        return False, members, np.empty(0, dtype=np.uint8), empty, empty, pairs
+        return False, members, pairs, empty, empty, empty
+    table, dup = _name_table(buf, pairs[:, 0], pairs[:, 1])
+    if dup >= 0:
+        return False, members, pairs, empty, empty, empty
     kind, first = span_ids(buf, pairs[:, 2], pairs[:, 3])
-    return True, members, _names_blob(buf, pairs[:, 0], pairs[:, 1]), kind, first, pairs
+    return True, members, pairs, kind, first, table
+
+
+@njit
+def names_blob(buf, starts, ends):
+    """The texts ``buf[starts[t]:ends[t]]`` joined by newlines."""
+    return _names_blob(buf, starts, ends)
+
+
+@njit
+def _fnv(buf, a, b):
+    h = np.uint64(14695981039346656037)
+    for k in range(a, b):
+        h = (h ^ np.uint64(buf[k])) * np.uint64(1099511628211)
+    return h
+
+
+@njit
+def _equal(x, a0, a1, y, b0, b1):
+    if a1 - a0 != b1 - b0:
+        return False
+    for k in range(a1 - a0):
+        if x[a0 + k] != y[b0 + k]:
+            return False
+    return True
+
+
+_TAG_SHIFT = 33   # entry: (hash >> 33) << 32 | item, never negative; items < 2**27 (an index is < 1 GiB)
+
+
+@njit
+def _name_table(buf, starts, ends):
+    """An open-addressing hash table of the texts ``buf[starts[t]:ends[t]]``
+    (slot -> tag | item, -1 empty; a power of two at least twice the items), and
+    the first item repeating an earlier text, or -1.  The tag (high bits of the
+    hash) spares most byte comparisons with other names in a probe sequence."""
+    n = starts.shape[0]
+    size = 1024
+    while size < 2 * n:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)
+    for t in range(n):
+        h = _fnv(buf, starts[t], ends[t])
+        tag = np.int64(h >> np.uint64(_TAG_SHIFT)) << 32
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            v = table[slot]
+            if v < 0:
+                table[slot] = tag | t
+                break
+            r = v & 0xFFFFFFFF
+            if v - r == tag and _equal(buf, starts[t], ends[t], buf, starts[r], ends[r]):
+                return table, t
+            slot = (slot + 1) & (size - 1)
+    return table, np.int64(-1)
+
+
+@njit
+def match_names(ibuf, istarts, iends, ishard, table, names, nshard):
+    """Whether ``names`` (tensor names joined by newlines, name k held by shard
+    ``nshard[k]``) are exactly the index's names ``ibuf[istarts[t]:iends[t]]``,
+    each listed for the shard ``ishard[t]`` that holds it and held once: the
+    index and the headers agree.  Exact (bytes compared, the hash only finds
+    them); ``table`` is ``scan_index``'s."""
+    n = istarts.shape[0]
+    if nshard.shape[0] != n:
+        return False
+    listed = ishard.copy()            # -1 once a name is found: a second holder then disagrees
+    mask = table.shape[0] - 1
+    L = names.shape[0]
+    a = 0
+    for k in range(n):
+        b = a
+        while b < L and names[b] != 10:
+            b += 1
+        h = _fnv(names, a, b)
+        tag = np.int64(h >> np.uint64(_TAG_SHIFT)) << 32
+        slot = np.int64(h & np.uint64(mask))
+        while True:
+            v = table[slot]
+            if v < 0:
+                return False          # a name the index does not list
+            r = v & 0xFFFFFFFF
+            if v - r == tag and _equal(ibuf, istarts[r], iends[r], names, a, b):
+                break
+            slot = (slot + 1) & mask
+        if listed[r] != nshard[k]:
+            return False              # held twice, or by another shard than listed
+        listed[r] = -1
+        a = b + 1
+    return a == L + 1                 # n names, each found once: all n listed are held
 
 
 # ---------------------------------------------------------------------------
@@ -421,7 +515,7 @@ def scan_index(buf):
 
 def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tuple, int] | None:
     """A large header in the plain form, checked with every rule of the strict
-    parser: (tensors by name in (begin, end) order, metadata, kind table as
+    parser: (``HeaderTensors`` in (begin, end) order, metadata, kind table as
     ``Header.kinds``, data size); None when it is not plain or breaks a rule,
     and the strict parser decides (and names the problem)."""
     if not raw.isascii():
@@ -446,7 +540,6 @@ def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tupl
     b, e = begin[order], end[order]
     if b[0] != 0 or not np.array_equal(b[1:], e[:-1]):
         return None
-    names = blob.tobytes().decode("ascii").split("\n")
     # kinds renumbered in order of first appearance among the sorted tensors, as
     # ``Header.kind_table`` numbers them for a header the strict parser read
     k = kind_of[order]
@@ -456,13 +549,10 @@ def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tupl
     renum[by_first] = np.arange(len(by_first))
     k = renum[k]
     canon = [canon[i] for i in by_first.tolist()]
-    ks = k.tolist()
-    dts, shapes = zip(*canon)
-    names = operator.itemgetter(*order.tolist())(names)
-    infos = map(_new_info, zip(names, operator.itemgetter(*ks)(dts), operator.itemgetter(*ks)(shapes),
-                               b.tolist(), e.tolist()))
-    tensors = dict(zip(names, infos))
-    if len(tensors) != len(names):   # a repeated name: the strict parser names it
+    names = blob.tobytes().decode("ascii").split("\n")
+    if not np.array_equal(order, np.arange(len(order))):   # writers mostly list tensors in offset order
+        names = list(operator.itemgetter(*order.tolist())(names))
+    if len(set(names)) != len(names):   # a repeated name: the strict parser names it
         return None
     metadata: dict[str, str] = {}
     if meta[0] >= 0:
@@ -470,7 +560,7 @@ def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tupl
             metadata = _parse_metadata(loads_strict(raw[meta[0]: meta[1]], source=source), source=source)
         except InvalidFileError:
             return None
-    return tensors, metadata, (canon, k), int(e[-1])
+    return HeaderTensors(names, canon, k, b, e), metadata, (canon, k), int(e[-1])
 
 
 def _check_kinds(kinds: list[tuple[str, tuple[int, ...]]], kind_of: np.ndarray
@@ -502,22 +592,33 @@ def _check_kinds(kinds: list[tuple[str, tuple[int, ...]]], kind_of: np.ndarray
 
 
 _SIZE_LIMIT = 1 << 63
-_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo from a 5-tuple, no Python frame
 
 
 def plain_index(raw: bytes, *, source: str, what: str) -> dict | None:
     """A large index file in the plain form, as ``loads_strict`` would give it;
     None when it is not plain or a strict parse would fail (which then says why)."""
+    cols = plain_index_columns(raw, source=source, what=what)
+    if cols is None:
+        return None
+    obj, pairs, shard_id, shards, _ = cols
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    names = names_blob(buf, pairs[:, 0], pairs[:, 1]).tobytes().decode("ascii").split("\n") if len(pairs) else []
+    obj["weight_map"] = dict(zip(names, map(shards.__getitem__, shard_id.tolist())))
+    return obj
+
+
+def plain_index_columns(raw: bytes, *, source: str, what: str
+                        ) -> tuple[dict, np.ndarray, np.ndarray, list[str], np.ndarray] | None:
+    """A large plain index as columns, without a Python object per tensor: (its
+    members but ``weight_map``, parsed strictly; ``scan_index``'s pairs; shard id
+    per name; the distinct shard names; the name table for ``match_names``).
+    None when it is not plain or a strict parse would fail."""
     if not raw.isascii():
         return None
-    ok, members, blob, kind, first, pairs = scan_index(np.frombuffer(raw, dtype=np.uint8))
+    ok, members, pairs, shard_id, first, table = scan_index(np.frombuffer(raw, dtype=np.uint8))
     if not ok:
         return None
-    names = blob.tobytes().decode("ascii").split("\n") if len(pairs) else []
     shards = [raw[a:b].decode("ascii") for a, b in pairs[first][:, 2:4].tolist()]
-    weight_map = dict(zip(names, map(shards.__getitem__, kind.tolist())))
-    if len(weight_map) != len(names):   # a repeated name: the strict parser names it
-        return None
     obj: dict[str, Any] = {}
     for k0, k1, v0, v1 in members.tolist():
         key = raw[k0 + 1: k1 - 1].decode("ascii")
@@ -527,5 +628,4 @@ def plain_index(raw: bytes, *, source: str, what: str) -> dict | None:
             obj[key] = loads_strict(raw[v0:v1], source=source, what=what)
         except InvalidFileError:
             return None
-    obj["weight_map"] = weight_map
-    return obj
+    return obj, pairs, shard_id, shards, table

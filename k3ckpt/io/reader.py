@@ -34,7 +34,7 @@ from ..errors import (
     UnsafePathError,
     UsageError,
 )
-from . import dtypes
+from . import dtypes, header as _header
 from .header import Header, TensorInfo, loads_index, loads_strict, paused_gc, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -195,10 +195,42 @@ def _natural_key(name: str) -> list[Any]:
 
 
 def _load_json_file(path: Path, *, what: str, index: bool = False) -> Any:
+    """A JSON file's object; for a large index in the plain form, an ``IndexColumns``."""
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise InvalidFileError(f"{what} is {size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit", file=str(path))
-    return (loads_index if index else loads_strict)(path.read_bytes(), source=str(path), what=what)
+    raw = path.read_bytes()
+    if index and len(raw) >= _header._PLAIN_SCAN_MIN:
+        from ._header_scan import plain_index_columns
+
+        cols = plain_index_columns(raw, source=str(path), what=what)
+        if cols is not None:
+            return IndexColumns(raw, *cols)
+    return (loads_index if index else loads_strict)(raw, source=str(path), what=what)
+
+
+class IndexColumns(NamedTuple):
+    """A large plain index kept as columns over its bytes (the fast path,
+    ``_header_scan.plain_index_columns``): its 497,220 names (a K3's) are checked
+    against the headers by one exact pass (``match_names``) instead of becoming
+    Python strings twice, in a weight map and in the table it is compared with."""
+
+    raw: bytes
+    members: dict              # every top-level member but weight_map, parsed strictly
+    pairs: np.ndarray          # [n, 4] name start/end, shard start/end in ``raw``
+    shard_id: np.ndarray       # [n] index into ``shards``
+    shards: list[str]          # distinct shard names, in order of first appearance
+    table: np.ndarray          # the names' hash table
+
+    def weight_map(self) -> dict[str, str]:
+        """The weight map as a dict (only to name what disagrees)."""
+        from ._header_scan import names_blob
+
+        if not len(self.pairs):
+            return {}
+        blob = names_blob(np.frombuffer(self.raw, dtype=np.uint8), self.pairs[:, 0], self.pairs[:, 1])
+        names = blob.tobytes().decode("ascii").split("\n")
+        return dict(zip(names, map(self.shards.__getitem__, self.shard_id.tolist())))
 
 
 def load_config(path: str | os.PathLike) -> dict:
@@ -214,6 +246,26 @@ def load_config(path: str | os.PathLike) -> dict:
 # index and headers, independent of where the bytes come from
 
 
+def _index_metadata(index_json: dict, *, source: str) -> dict:
+    meta = index_json.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise InvalidFileError(f"index 'metadata' must be an object, found {type(meta).__name__}", file=source)
+    return dict(meta)
+
+
+def _index_shards(index_json: dict | IndexColumns, *, source: str) -> tuple[dict[str, str] | None, list[str], dict]:
+    """(weight map, or None for columns; the shard names it lists, checked; its metadata)."""
+    if isinstance(index_json, IndexColumns):
+        meta = _index_metadata(index_json.members, source=source)
+        for shard in index_json.shards:
+            check_shard_name(shard, source=source)
+        return None, index_json.shards, meta
+    weight_map, meta = parse_index(index_json, source=source)
+    return weight_map, list(dict.fromkeys(weight_map.values())), meta
+
+
 def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
     """Validate an index object: ``weight_map`` str->str with safe shard names,
     optional ``metadata`` object.  Returns ``(weight_map, metadata)``."""
@@ -222,18 +274,14 @@ def parse_index(index_json: Any, *, source: str) -> tuple[dict[str, str], dict]:
     wm = index_json.get("weight_map")
     if not isinstance(wm, dict):
         raise InvalidFileError(f"index needs a 'weight_map' object, found {type(wm).__name__}", file=source)
-    meta = index_json.get("metadata")
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict):
-        raise InvalidFileError(f"index 'metadata' must be an object, found {type(meta).__name__}", file=source)
+    meta = _index_metadata(index_json, source=source)
     if set(map(type, wm.values())) - {str}:
         tensor, shard = next((t, s) for t, s in wm.items() if type(s) is not str)
         raise InvalidFileError(f"weight_map value must be a shard name, found {shard!r}", file=source,
                                tensor=tensor)
     for shard in dict.fromkeys(wm.values()):   # a K3 index names 96 shards 497,220 times
         check_shard_name(shard, source=source)
-    return dict(wm), dict(meta)
+    return dict(wm), meta
 
 
 # "model-00003-of-00007.safetensors": the Hugging Face numbering of a sharded checkpoint
@@ -269,7 +317,7 @@ def _total_text(shards, stem: str, total: int) -> str:
 
 
 def checkpoint_from_sources(
-    index_json: dict | None,
+    index_json: dict | IndexColumns | None,
     sources: dict[str, ByteSource],
     config: dict | None = None,
     *,
@@ -296,10 +344,11 @@ def checkpoint_from_sources(
         raise
 
 
-def _checkpoint_from_sources(index_json, sources, config, *, root, index_source, parsed) -> Checkpoint:
+def _checkpoint_from_sources(index_json, sources, config, *, root, index_source, parsed,
+                             index_parts=None) -> Checkpoint:
     if index_json is not None:
-        weight_map, index_meta = parse_index(index_json, source=index_source)
-        shards = sorted(set(weight_map.values()), key=_natural_key)
+        weight_map, listed, index_meta = index_parts or _index_shards(index_json, source=index_source)
+        shards = sorted(listed, key=_natural_key)
         for s in shards:
             if s not in sources:
                 raise NotFoundError(f"index names shard {s!r}, which is not available", file=index_source)
@@ -310,22 +359,21 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
         check_shard_name(s, source=index_source)
     check_numbered_set(shards, source=index_source if index_json is not None else str(root or ""))
 
-    headers: dict[str, Header] = {}
-    with paused_gc():
-        for s in shards:
-            headers[s] = parsed[s] if s in parsed else read_header(sources[s], source=_label(root, s))
-        # Whole-table checks at C speed (a K3 index names 497,220 tensors); the
-        # per-name walk in _explain_mismatch runs only to name what is wrong.
-        held = sum(len(h.tensors) for h in headers.values())
-        # The table is keyed by the headers' own name strings: the index's copies (a K3's
-        # are 62 MB) are dropped once they are checked.
-        shard_of = {}
-        for s, h in headers.items():
-            shard_of.update(dict.fromkeys(h.tensors, s))
-        # No name sits in two headers, and (with an index) the index maps exactly these
-        # names to exactly these shards.
-        agree = held == len(shard_of) and (weight_map is None or shard_of == weight_map)
+    shard_of: dict[str, str] | None = None
+    with paused_gc(keep=True):
+        headers = _read_headers(shards, sources, parsed, root)
+        if isinstance(index_json, IndexColumns):
+            agree = _columns_agree(index_json, shards, headers)
+        else:
+            # Whole-table checks at C speed; the per-name walk in _explain_mismatch runs
+            # only to name what is wrong.  No name sits in two headers, and (with an
+            # index) the index maps exactly these names to exactly these shards.
+            shard_of = _shard_table(headers)
+            agree = (sum(len(h.tensors) for h in headers.values()) == len(shard_of)
+                     and (weight_map is None or shard_of == weight_map))
     if not agree:
+        if weight_map is None and index_json is not None:
+            weight_map = index_json.weight_map()
         _explain_mismatch(shards, headers, weight_map, root=root, index_source=index_source)
     used = {s: sources[s] for s in shards}
     for s, src in sources.items():  # sources the index does not name are not ours to keep open
@@ -333,6 +381,61 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
             src.close()
     return Checkpoint(root=root, config=config, index_metadata=index_meta, shards=shards,
                       headers=headers, tensors=TensorTable(shard_of, headers), sources=used)
+
+
+_HEADER_THREADS = 4
+
+
+def _read_headers(shards: list[str], sources: dict[str, ByteSource], parsed: dict[str, Header],
+                  root: Path | None) -> dict[str, Header]:
+    """Each shard's header, in shard order (``parsed`` ones as given).  Several are
+    read on worker threads: the header scan releases the GIL, so one shard's scan
+    runs beside another's Python half.  The first failing shard in order raises,
+    as in a read one by one."""
+    todo = [s for s in shards if s not in parsed]
+    workers = min(len(todo), os.cpu_count() or 1, _HEADER_THREADS)
+    if workers < 2:
+        return {s: parsed[s] if s in parsed else read_header(sources[s], source=_label(root, s)) for s in shards}
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="k3ckpt-header")
+    try:
+        futures = {s: pool.submit(read_header, sources[s], source=_label(root, s)) for s in todo}
+        return {s: parsed[s] if s in parsed else futures[s].result() for s in shards}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _shard_table(headers: dict[str, Header]) -> dict[str, str]:
+    """Tensor name -> shard, keyed by the headers' own name strings."""
+    shard_of: dict[str, str] = {}
+    for s, h in headers.items():
+        shard_of.update(dict.fromkeys(h.tensors, s))
+    return shard_of
+
+
+def _columns_agree(index: IndexColumns, shards: list[str], headers: dict[str, Header]) -> bool:
+    """Whether the index lists exactly the headers' tensors, each for the shard
+    holding it, and no name is in two headers: one exact pass over the index
+    bytes and the headers' names joined (``match_names``)."""
+    counts = [len(h.tensors) for h in headers.values()]
+    total = sum(counts)
+    if total != len(index.pairs):
+        return False
+    if total == 0:
+        return True
+    text = "\n".join(itertools.chain.from_iterable(h.tensors for h in headers.values()))
+    # The plain index holds ASCII names without control characters: a header name
+    # that is not ASCII or holds a newline cannot be listed in it.
+    if not text.isascii() or text.count("\n") != total - 1:
+        return False
+    from ._header_scan import match_names
+
+    at = {s: i for i, s in enumerate(shards)}
+    listed_as = np.array([at[s] for s in index.shards], dtype=np.int64)[index.shard_id]
+    held_by = np.repeat(np.arange(len(shards), dtype=np.int64), counts)
+    return bool(match_names(np.frombuffer(index.raw, dtype=np.uint8), index.pairs[:, 0], index.pairs[:, 1],
+                            listed_as, index.table, np.frombuffer(text.encode("ascii"), dtype=np.uint8), held_by))
 
 
 def _explain_mismatch(shards, headers, weight_map, *, root, index_source) -> None:
@@ -365,11 +468,19 @@ class TensorTable(Mapping[str, TensorEntry]):
     K3 has 497,220 tensors and most callers look at a few, or walk them once.
     """
 
-    __slots__ = ("_shard_of", "_headers")
+    __slots__ = ("_table", "_headers", "_len")
 
-    def __init__(self, shard_of: dict[str, str], headers: dict[str, Header]):
-        self._shard_of = shard_of
+    def __init__(self, shard_of: dict[str, str] | None, headers: dict[str, Header]):
+        self._table = shard_of          # built on first lookup when None (inspect needs none)
         self._headers = headers
+        self._len = sum(len(h.tensors) for h in headers.values())
+
+    @property
+    def _shard_of(self) -> dict[str, str]:
+        table = self._table
+        if table is None:   # two threads may both build it: the same table, assigned whole
+            table = self._table = _shard_table(self._headers)
+        return table
 
     def __getitem__(self, name: str) -> TensorEntry:
         s = self._shard_of[name]
@@ -385,7 +496,7 @@ class TensorTable(Mapping[str, TensorEntry]):
         return itertools.chain.from_iterable(h.tensors for h in self._headers.values())
 
     def __len__(self) -> int:
-        return len(self._shard_of)
+        return self._len
 
     def shard_of(self, name: str) -> str:
         return self._shard_of[name]
@@ -562,10 +673,10 @@ def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSour
         index_path = path / INDEX_NAME
         if index_path.is_file():
             index_json = _load_json_file(index_path, what="index JSON", index=True)
-            weight_map, _ = parse_index(index_json, source=str(index_path))
-            names = sorted(set(weight_map.values()), key=_natural_key)
+            index_parts = _index_shards(index_json, source=str(index_path))
+            names = sorted(index_parts[1], key=_natural_key)
         else:
-            index_json = None
+            index_json = index_parts = None
             names = sorted((p.name for p in path.glob("*.safetensors") if not p.name.startswith(".")),
                            key=_natural_key)
             if not names:
@@ -573,7 +684,7 @@ def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSour
         index_source = str(index_path)
     else:
         root = path.parent
-        index_json = None
+        index_json = index_parts = None
         names = [path.name]
         index_source = str(path)
 
@@ -596,4 +707,10 @@ def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSour
         for s in sources.values():
             s.close()
         raise
-    return checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source)
+    try:
+        return _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source,
+                                        parsed={}, index_parts=index_parts)
+    except BaseException:
+        for s in sources.values():
+            s.close()
+        raise

@@ -199,3 +199,15 @@ def test_fixture_tokenizer_is_one_the_tokenizers_library_reads(gpt_oss_tiny, ckp
     assert tok.token_to_id("<|return|>") == ids["eos"] == ckpt.config["eos_token_id"]
     assert tok.token_to_id("<|endoftext|>") == ids["pad"] == ckpt.config["pad_token_id"]
 
+
+def test_worker_processes_give_the_same_file(ckpt, mxfp4_file, tmp_path):
+    """Each expert is cut out of the fused tensors for a worker (``pool.one_expert``), reading that
+    expert's rows only; the file is the one a single process writes."""
+    from k3ckpt.gguf.pool import one_expert
+
+    two = write_gguf(ckpt, tmp_path / "w2.gguf", expert_type="mxfp4", workers=2).paths[0]
+    assert two.read_bytes() == mxfp4_file.read_bytes()
+    planned, _ = gpt_oss.plan_tensors(_source(ckpt), ckpt.config, expert_type=MXFP4)
+    up = next(p for p in planned if p.info.name == "blk.1.ffn_up_exps.weight")
+    r = one_expert(up, 3).recipe
+    assert (r.arg, r.first, r.rows) == (1, 3, "odd")

@@ -86,12 +86,17 @@ def test_resume_refuses_other_options_or_source(k3_tiny, clean, tmp_path, monkey
         _kill_after_split(mp, 1)
         with open_checkpoint(k3_tiny) as c, pytest.raises(Killed):
             write_gguf(c, out, split_max_bytes=SPLIT)
-    with open_checkpoint(k3_tiny) as c:
+    from k3ckpt.gguf import run
+
+    with monkeypatch.context() as mp, open_checkpoint(k3_tiny) as c:
+        mp.setattr(run, "_plan", lambda *a, **k: pytest.fail("planned before refusing"))  # refused first
         with pytest.raises(ResumeMismatchError) as e:
             write_gguf(c, out, split_max_bytes=SPLIT, expert_type="q8_0", resume=True)
         assert "--expert-type was iq2_xs, now q8_0" in str(e.value) and "\n" not in str(e.value)
         with pytest.raises(ResumeMismatchError, match="--split-max-size was 2000000, now 3000000"):
             write_gguf(c, out, split_max_bytes=3_000_000, resume=True)
+        with pytest.raises(OutputExistsError, match="pass --resume"):
+            write_gguf(c, out, split_max_bytes=SPLIT)
     m = json.loads((tmp_path / "k3.k3ckpt-manifest.json").read_text())
     m["source"]["shards"]["model-00002-of-000007.safetensors"] += 1
     (tmp_path / "k3.k3ckpt-manifest.json").write_text(json.dumps(m))
@@ -210,3 +215,23 @@ def test_the_pool_works_ahead_within_runs_of_expert_tensors_only(k3_tiny, tmp_pa
             prev = i
     assert runs == want and len(want) == 3 and all(len(r) == 3 for r in want)   # 3 MoE layers
     assert most[0] == 4 and live[0] == 0                    # 2 x workers ahead, all drained
+
+
+@pytest.mark.parametrize("order", ["file", "reversed"])
+def test_the_writer_hashes_each_split_as_it_is_written(tmp_path, order):
+    """The sha256 the manifest records is the file's, whether pieces came in file order (hashed on
+    the way) or not (hashed from the file at the end)."""
+    import numpy as np
+
+    from k3ckpt.gguf import container as C
+    from k3ckpt.gguf.writer import GGUFWriter
+
+    rng = np.random.default_rng(7)
+    infos = [C.TensorInfo(f"t{i}", 0, (n,)) for i, n in enumerate([5, 64, 3, 200, 9])]     # F32, odd padding
+    data = {t.name: rng.integers(0, 256, t.nbytes, dtype=np.uint8).tobytes() for t in infos}
+    kvs = [C.KV("general.architecture", C.STRING, "x")]
+    with GGUFWriter(tmp_path / "m.gguf", kvs, infos, split_max_bytes=400) as w:
+        for t in (infos if order == "file" else infos[::-1]):
+            for at in range(0, t.nbytes, 7):                   # pieces cutting values
+                w.write(t.name, data[t.name][at:at + 7])
+    assert len(w.paths) > 1 and w.sha256 == {p.name: sha(p) for p in w.paths}

@@ -97,6 +97,9 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
                 if est.compile_seconds else ""
             click.echo(f"estimated about {human_duration(est.seconds)} with {est.workers} worker(s)"
                        + (f" (experts: {rates})" if rates else "") + note)
+        if target_bpw is not None:
+            click.echo(f"--target-bpw {target_bpw:g}: which experts take which type is decided by measuring them "
+                       "during the run; the sizes above are before that choice")
     else:
         done = f", {len(result.resumed)} kept from an earlier run" if result.resumed else ""
         click.echo(f"{result.seconds:.1f} s with {result.workers} worker(s){done}; manifest: {result.manifest}")

@@ -89,10 +89,13 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
     neither).  ``dry_run``: the files, tensors and bytes it would write, the free space and a time
     estimate; nothing is written.  ``vocab_dir``: the folder holding the vocabulary files when it is
     not ``ckpt.root`` (an ``hf://`` source's fetched side files)."""
-    from .run import dry_result, estimate, plan_job, resolve_workers, run_job, with_root
+    from .run import dry_result, estimate, plan_job, precheck, resolve_workers, run_job, with_root
 
     n = resolve_workers(workers)
     view = with_root(ckpt, vocab_dir)
+    if not dry_run:
+        precheck(view, out, resume=resume, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
+                 tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type)
     job = plan_job(view, out, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
                    tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
                    measure=not dry_run, progress=progress)

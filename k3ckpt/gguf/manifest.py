@@ -164,6 +164,18 @@ class GGUFManifest:
         m._save()
         return m
 
+    @classmethod
+    def precheck(cls, out: str | os.PathLike, *, options: dict, source: dict, resume: bool) -> None:
+        """``begin``'s refusals that need no plan, so a run that would be refused is refused before
+        the (long, for K3) planning: an earlier run without ``resume``, other settings with it."""
+        path = manifest_path(out)
+        if not path.is_file():
+            return
+        if not resume:
+            raise OutputExistsError("exists: an earlier k3ckpt gguf run wrote here; pass --resume to continue "
+                                    "it, or choose another OUT", file=str(path))
+        cls.load(path)._check_same(_canonical(options), _canonical(source))
+
     def _check_same(self, options: dict, source: dict) -> None:
         old = self.data.get("options", {})
         diffs = [f"{OPTION_FLAGS.get(k, k)} was {_show(k, old.get(k))}, now {_show(k, options.get(k))}"

@@ -128,6 +128,19 @@ def _plan(ckpt, *, expert_type: str, outtype: str | None, measure: bool, progres
     return plan_gguf(ckpt, expert_type=expert_type, outtype=outtype, **given)
 
 
+def job_options(*, expert_type: str = "iq2_xs", outtype: str | None = None, split_max_bytes: int | None = None,
+                tensor_type=(), target_bpw: float | None = None, fallback_type: str | None = None) -> dict:
+    """The options a manifest records (those that change the bytes; not ``workers``)."""
+    return {"expert_type": expert_type.strip().lower(), "outtype": outtype.strip().lower() if outtype else None,
+            "split_max_bytes": split_max_bytes, "tensor_type": list(tensor_type), "target_bpw": target_bpw,
+            "fallback_type": fallback_type.strip().lower() if fallback_type else None}
+
+
+def precheck(ckpt, out: str | os.PathLike, *, resume: bool, **options) -> None:
+    """Refuse, before planning, what ``GGUFManifest.begin`` would refuse after it (``precheck``)."""
+    GGUFManifest.precheck(out, options=job_options(**options), source=source_identity(ckpt), resume=resume)
+
+
 def plan_job(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
              split_max_bytes: int | None = None, tensor_type=(), target_bpw: float | None = None,
              fallback_type: str | None = None, measure: bool = True, progress: bool = False) -> Job:
@@ -137,9 +150,8 @@ def plan_job(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outty
                                   progress=progress, tensor_type=list(tensor_type), target_bpw=target_bpw,
                                   fallback_type=fallback_type)
     files = plan_files(out, kvs, [p.info for p in planned], split_max_bytes=split_max_bytes)
-    options = {"expert_type": expert_type.strip().lower(), "outtype": outtype.strip().lower() if outtype else None,
-               "split_max_bytes": split_max_bytes, "tensor_type": list(tensor_type), "target_bpw": target_bpw,
-               "fallback_type": fallback_type.strip().lower() if fallback_type else None}
+    options = job_options(expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
+                          tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type)
     return Job(Path(out), tuple(kvs), tuple(planned), tuple(skipped), tuple(files), split_max_bytes, options,
                source_identity(ckpt))
 

@@ -241,7 +241,8 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
 
     from ..errors import DiskSpaceError
     from ..gguf.manifest import GGUFManifest, manifest_path
-    from ..gguf.run import dry_result, estimate, output_files, plan_job, resolve_workers, run_job, with_root
+    from ..gguf.run import (dry_result, estimate, output_files, plan_job, precheck, resolve_workers, run_job,
+                            with_root)
     from .staged import STAGING_DIR, allocated_bytes, budget_check
     from .url import parse_hub_url
 
@@ -260,6 +261,8 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
         folder = Path(tmp.name) if tmp is not None else Path(given) if given else out.parent / STAGING_DIR
         max_disk = stage.get("max_disk")
         with open_staged(ref, out.parent, staging=folder, **stage) as ckpt:
+            if not dry_run:
+                precheck(ckpt, out, resume=resume, **options)
             folder.mkdir(parents=True, exist_ok=True)
             side = download_side_files(ckpt, folder)
             side_bytes = sum((folder / s).stat().st_size for s in side)

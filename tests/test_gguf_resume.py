@@ -235,3 +235,19 @@ def test_the_writer_hashes_each_split_as_it_is_written(tmp_path, order):
             for at in range(0, t.nbytes, 7):                   # pieces cutting values
                 w.write(t.name, data[t.name][at:at + 7])
     assert len(w.paths) > 1 and w.sha256 == {p.name: sha(p) for p in w.paths}
+
+
+def test_a_cold_encoder_is_compiled_once_by_the_parent(k3_tiny, tmp_path, monkeypatch):
+    """With numba's cache lacking the IQ2_XS kernel the parent compiles it on one row before the pool
+    starts, rather than every worker at once; with a warm cache (or one worker) nothing extra runs."""
+    from k3ckpt.gguf import run
+
+    calls, real = [], run._timed
+    monkeypatch.setattr(run, "_timed", lambda c, p, n: calls.append((p.info.name, n)) or real(c, p, n))
+    for cold, workers, want in [(True, 2, 1), (False, 2, 0), (True, 1, 0)]:
+        monkeypatch.setattr(run, "_iq2xs_cold", lambda: cold)
+        calls.clear()
+        with open_checkpoint(k3_tiny) as c:
+            write_gguf(c, tmp_path / f"{cold}-{workers}" / "k3.gguf", workers=workers)
+        assert [n for _, n in calls] == [1] * want
+        assert all(name.endswith("_exps.weight") for name, _ in calls)

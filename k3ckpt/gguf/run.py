@@ -14,7 +14,6 @@ same bytes as an uninterrupted run's.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, replace
@@ -188,19 +187,22 @@ def _sample_arrays(ckpt, srcs: tuple[str, ...], rows: int, n: int, rng) -> dict[
 def _rate(ckpt, p: Planned) -> float:
     """Weights per second one core turns into ``p``'s type, timed on ``SAMPLE_ROWS`` rows of its first
     expert (random values of the source's layout), after a one-row warm-up (kernel loading)."""
+    rows, k = int(p.info.shape[1]), int(p.info.shape[2])
+    _timed(ckpt, p, 1)
+    n = min(rows, SAMPLE_ROWS)
+    return n * k / max(_timed(ckpt, p, n), 1e-9)
+
+
+def _timed(ckpt, p: Planned, n: int) -> float:
+    """Seconds to produce ``n`` rows of random values laid out as ``p``'s first expert."""
     from .pool import _Arrays, expert_bytes, one_expert
 
-    rows, k = int(p.info.shape[1]), int(p.info.shape[2])
     sub = one_expert(p, 0)
-    rng = np.random.default_rng(0)
-    seconds = math.inf
-    for n in (1, min(rows, SAMPLE_ROWS)):
-        sample = _Arrays(_sample_arrays(ckpt, sub.recipe.sources, rows, n, rng))
-        part = replace(sub, info=C.TensorInfo(p.info.name, p.info.ggml_type, (1, n, k)))
-        t0 = time.perf_counter()
-        expert_bytes(sample, part, 0)
-        seconds = time.perf_counter() - t0
-    return n * k / max(seconds, 1e-9)
+    sample = _Arrays(_sample_arrays(ckpt, sub.recipe.sources, int(p.info.shape[1]), n, np.random.default_rng(0)))
+    part = replace(sub, info=C.TensorInfo(p.info.name, p.info.ggml_type, (1, n, int(p.info.shape[2]))))
+    t0 = time.perf_counter()
+    expert_bytes(sample, part, 0)
+    return time.perf_counter() - t0
 
 
 # what an IQ2_XS expert from MXFP4 runs (requant.kernels names them so; its other kernels are requant's)
@@ -291,6 +293,10 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1,
     if workers > 1 and any(p.recipe.kind == "experts" for p in planned):
         from .pool import ExpertRunner
 
+        first = next((p for p in planned if p.recipe.kind == "experts" and p.info.ggml_type == IQ2_XS), None)
+        if first is not None and _iq2xs_cold():
+            # compiled here once and cached (about 33 s), not by every worker at once on a first run
+            _timed(ckpt, first, 1)
         runner = ExpertRunner(ckpt, workers)
     kept = sum(sizes[n] for n in done)
     try:

@@ -8,6 +8,7 @@ expert, never a layer or the model.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,16 +69,39 @@ class GGUFResult:
                 "hub": self.hub, "max_disk": self.budget}
 
 
-def plan_gguf(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None):
-    """(metadata, planned tensors, skipped source names) for a checkpoint ``arch`` maps."""
+def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None, tensor_type=(),
+                    fallback_type: str | None = None, target_bpw: float | None = None, measure: bool = True,
+                    progress: bool = False):
+    """(metadata, planned tensors, skipped source names, ``choose.TypeChoice``) for a checkpoint
+    ``arch`` maps. ``tensor_type``: ``["REGEX=TYPE", ...]``; ``fallback_type``: the type of a tensor
+    whose rows the asked-for type cannot hold; ``target_bpw``: measured mixed precision (with
+    ``measure=False``, as for a dry run, every expert stays at ``expert_type``)."""
     from .arch import plan
+    from .choose import allocate_experts, assign_types, parse_tensor_types
 
     et = ggml_type(expert_type, EXPERT_TYPES, "--expert-type")
     ot = None if outtype is None else ggml_type(outtype, OUT_TYPES, "--outtype")
-    kvs, planned, skipped, text = plan(ckpt, expert_type=et, outtype=ot, file_type=FILE_TYPES[et])
+    fb = None if fallback_type is None else ggml_type(fallback_type, EXPERT_TYPES, "--fallback-type")
+    overrides = parse_tensor_types(tensor_type, EXPERT_TYPES)
+    if target_bpw is not None and not 0 < float(target_bpw) < 32:
+        raise UsageError(f"--target-bpw must be a number of bits per weight, found {target_bpw}")
+    # experts planned as F32 (every row size holds it); assign_types gives them their types
+    kvs, planned, skipped, text = plan(ckpt, expert_type=F32, outtype=ot, file_type=FILE_TYPES[et])
+    planned, choice = assign_types(planned, expert_type=et, overrides=overrides, fallback_type=fb,
+                                   types=EXPERT_TYPES)
+    if target_bpw is not None and measure:
+        planned, alloc = allocate_experts(ckpt, planned, float(target_bpw),
+                                          pinned={n for n, _ in choice.overridden}, progress=progress)
+        choice = dataclasses.replace(choice, allocation=alloc)
     if ckpt.root is None:
         raise UnsupportedError("the vocabulary is read from the checkpoint's folder; pass a local folder")
-    return kvs + tokenizer_metadata(ckpt.root, int(text["vocab_size"])), planned, skipped
+    return kvs + tokenizer_metadata(ckpt.root, int(text["vocab_size"])), planned, skipped, choice
+
+
+def plan_gguf(ckpt, **options):
+    """(metadata, planned tensors, skipped source names); ``plan_gguf_types`` without the choice."""
+    kvs, planned, skipped, _ = plan_gguf_types(ckpt, **options)
+    return kvs, planned, skipped
 
 
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,

@@ -1,0 +1,206 @@
+"""llama.cpp IQ2_XXS (``gguf-iq2_xxs``): 2.0625 bpw, 256-weight super-blocks on a 256-point E8 grid.
+
+Stored per weight ``[..., K]`` (K a multiple of 256; spec: docs/formats/iq2_xxs.md)
+as one tensor ``.weight_packed`` U8 ``[..., K/256*66]``: each row is its
+super-blocks in order, each the 66 bytes of GGML's ``block_iq2_xxs``
+(ggml-common.h), little-endian:
+
+- bytes 0-1: ``d``, fp16;
+- then 8 bytes per sub-block of 32 weights (sub-block m at bytes 2 + 8m):
+  bytes 0-3 index the 256-entry grid (8 values each from {8, 25, 43}) for
+  its groups of 8 weights 0-3; bytes 4-7 are a u32 whose bits 7g .. 7g+6
+  index the 128-entry sign table for group g and bits 28-31 hold the 4-bit
+  scale ``s``.
+
+value = fp32(fp32(fp32(d * (0.5 + s)) * 0.25) * grid[idx][j]) * (sign bit j ? -1 : +1)
+
+in float32, in that order: what llama.cpp's ``dequantize_row_iq2_xxs`` and
+gguf-py's ``IQ2_XXS.dequantize_blocks`` compute, so ``gguf.quants.dequantize``
+of a row's bytes equals our decode bit for bit.
+
+The grid is llama.cpp's ``iq2xxs_grid``, read at run time from the ``gguf``
+package (``gguf.quants.IQ2_XXS.grid``) and never copied here; the sign table
+is the one IQ2_XS shares (``formats.iq2xs.sign_table``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Format, FormatInfo, Part
+from .iq2xs import sign_table
+
+__all__ = ["BLOCK_BYTES", "IQ2XXS", "QK", "check_iq2xxs", "decode_iq2xxs", "decode_iq2xxs_ref", "grid_table"]
+
+QK = 256
+BLOCK_BYTES = 2 + 8 * (4 + 4)   # fp16 d + per 32 weights: 4 grid bytes, u32 of 4 x 7 sign bits + scale = 66
+GRID_SIZE = 256
+
+
+@functools.cache
+def grid_table() -> np.ndarray:
+    """The IQ2_XXS grid: uint8 [256, 8] of 8 / 25 / 43 (llama.cpp ``iq2xxs_grid``, via gguf-py)."""
+    from gguf.quants import IQ2_XXS
+
+    IQ2_XXS.init_grid()
+    grid = np.asarray(IQ2_XXS.grid, dtype=np.float32).reshape(GRID_SIZE, 8)
+    out = grid.astype(np.uint8)
+    assert np.array_equal(out, grid) and set(np.unique(out)) == {8, 25, 43}, "unexpected gguf IQ2_XXS grid"
+    assert len({tuple(r) for r in out}) == GRID_SIZE, "IQ2_XXS grid points are not distinct"
+    out.flags.writeable = False
+    return out
+
+
+@functools.cache
+def _decode_tables() -> types.SimpleNamespace:
+    signs = sign_table()
+    t = types.SimpleNamespace(
+        grid=grid_table().astype(np.float32),
+        signs=np.where((signs[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1)).astype(np.float32),
+        f16=np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32),
+        half=(np.float32(0.5) + np.arange(16, dtype=np.float32)).astype(np.float32),
+    )
+    for arr in vars(t).values():
+        arr.flags.writeable = False
+    return t
+
+
+# ------------------------------------------------------------------ kernels
+def _decode_kernel(packed, grid, signs, f16, half, out):
+    # packed [M, nb*66] u8 -> out [M, nb*256] f32; float32 ops in ggml's order.
+    quarter = np.float32(0.25)
+    for r in range(packed.shape[0]):
+        for b in range(packed.shape[1] // 66):
+            o = b * 66
+            d = f16[np.int64(packed[r, o]) | (np.int64(packed[r, o + 1]) << 8)]
+            for m in range(8):
+                p = o + 2 + 8 * m
+                aux = (np.int64(packed[r, p + 4]) | (np.int64(packed[r, p + 5]) << 8)
+                       | (np.int64(packed[r, p + 6]) << 16) | (np.int64(packed[r, p + 7]) << 24))
+                db = (d * half[aux >> 28]) * quarter
+                for g in range(4):
+                    idx = packed[r, p + g]
+                    sg = (aux >> (7 * g)) & 127
+                    x0 = b * 256 + 32 * m + 8 * g
+                    for j in range(8):
+                        out[r, x0 + j] = (db * grid[idx, j]) * signs[sg, j]
+
+
+@functools.cache
+def _kernels() -> types.SimpleNamespace:
+    from .._numba import njit
+
+    return types.SimpleNamespace(decode=njit(_decode_kernel))
+
+
+# ---------------------------------------------------------------- functions
+def check_iq2xxs(packed, *, name: str | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Validate IQ2_XXS bytes U8 ``[..., K/256*66]``; return C-contiguous rows ``[M, K/256*66]`` and ``[..., K]``."""
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8 or packed.ndim < 1 or packed.shape[-1] % BLOCK_BYTES:
+        raise ShapeError(
+            f"IQ2_XXS bytes must be uint8 [..., K/256*{BLOCK_BYTES}], found {packed.dtype} {list(packed.shape)}",
+            tensor=name,
+        )
+    m = math.prod(packed.shape[:-1])
+    shape = packed.shape[:-1] + (packed.shape[-1] // BLOCK_BYTES * QK,)
+    return np.ascontiguousarray(packed).reshape(m, packed.shape[-1]), shape
+
+
+def decode_iq2xxs(packed, *, name: str | None = None) -> np.ndarray:
+    """IQ2_XXS bytes U8 ``[..., K/256*66]`` -> float32 ``[..., K]`` (numba, one thread)."""
+    p, shape = check_iq2xxs(packed, name=name)
+    t = _decode_tables()
+    out = np.empty((p.shape[0], shape[-1]), np.float32)
+    _kernels().decode(p, t.grid, t.signs, t.f16, t.half, out)
+    return out.reshape(shape)
+
+
+def decode_iq2xxs_ref(packed, *, name: str | None = None) -> np.ndarray:
+    """Numpy reference of ``decode_iq2xxs`` (same float32 operations, vectorised)."""
+    p, shape = check_iq2xxs(packed, name=name)
+    t = _decode_tables()
+    blocks = p.reshape(-1, BLOCK_BYTES)
+    d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)                # [n, 1]
+    sub = blocks[:, 2:].reshape(-1, 8, 8)
+    idx = sub[:, :, 0:4].astype(np.int64)                                   # [n, 8, 4]
+    aux = sub[:, :, 4:8].copy().view("<u4").astype(np.int64)                # [n, 8, 1]
+    sg = (aux >> (7 * np.arange(4))) & 127                                   # [n, 8, 4]
+    with np.errstate(invalid="ignore", over="ignore"):                       # inf / NaN d stay inf / NaN
+        db = (d[:, :, None] * t.half[aux >> 28]) * np.float32(0.25)          # [n, 8, 1]
+        vals = (db[..., None] * t.grid[idx]) * t.signs[sg]                   # [n, 8, 4, 8]
+    return vals.astype(np.float32).reshape(shape)
+
+
+# ------------------------------------------------------------------- format
+class IQ2XXS(Format):
+    """``gguf-iq2_xxs``: llama.cpp IQ2_XXS blocks, row-major, one U8 tensor."""
+
+    info = FormatInfo(
+        id="gguf-iq2_xxs",
+        title="llama.cpp IQ2_XXS 2.0625 bpw: fp16 d, 8-bit E8-grid index + 7-bit sign per 8, 4-bit scale per 32",
+        block=QK,
+        fields=(("fp16 d", 2), ("grid indices: 32 x u8", 32), ("signs + scales: 8 x u32", 32)),
+        parts=(Part("packed", ".weight_packed", "U8", (BLOCK_BYTES,)),),
+        can_encode=True,
+        can_decode=True,
+        bf16_exact=False,   # d * (0.5 + s) / 4 * g carries up to 22 significant bits
+        spec="docs/formats/iq2_xxs.md#stored-tensors",
+    )
+
+    def check_logical_shape(self, shape, *, name: str | None = None) -> tuple[int, ...]:
+        shape = tuple(int(v) for v in shape)
+        if shape and shape[-1] >= 0 and shape[-1] % QK:
+            raise ShapeError(
+                f"IQ2_XXS is not applicable: it stores super-blocks of {QK} weights along the last axis and "
+                f"shape {list(shape)} has K = {shape[-1]}, not a multiple of {QK} "
+                "(gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
+                tensor=name,
+            )
+        return super().check_logical_shape(shape, name=name)
+
+    def _decode_rows(self, rows, k, *, reference, bf16):
+        dec = decode_iq2xxs_ref if reference else decode_iq2xxs
+        return dec(rows["packed"])
+
+    def _encode_rows(self, x, *, reference, name, shape):
+        from ..requant import iq2xxs
+
+        enc = iq2xxs.encode_reference if reference else iq2xxs.encode
+        return {"packed": enc(x, name=name)}
+
+    def from_float(self, x, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
+        """float ``[..., K]`` -> ``{"packed": U8 [..., K/256*66]}`` (numba encoder).
+
+        ``imatrix``: float32 ``[K]`` importance per column (``k3ckpt.imatrix``), or None for all ones."""
+        from ..requant import iq2xxs
+        from .base import as_float32_input
+
+        x = as_float32_input(x, name=name)
+        self.check_logical_shape(x.shape, name=name)
+        return {"packed": iq2xxs.encode(x, imatrix=imatrix, name=name)}
+
+    def from_mxfp4(self, packed, scale, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
+        """Requantize MXFP4 pair-layout ``packed`` U8 ``[..., K/2]`` / ``scale`` U8 ``[..., K/32]``:
+        decode with the MXFP4 kernel, then encode.  NaN scales (0xFF) raise ``NaNScaleError``."""
+        return self._from_mxfp4(packed, scale, imatrix, name, reference=False)
+
+    def reference_from_mxfp4(self, packed, scale, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
+        """Same contract as ``from_mxfp4``, computed by the numpy references."""
+        return self._from_mxfp4(packed, scale, imatrix, name, reference=True)
+
+    def _from_mxfp4(self, packed, scale, imatrix, name, *, reference: bool) -> dict[str, np.ndarray]:
+        from ..requant import iq2xxs
+        from . import mxfp4
+
+        self.check_logical_shape(np.shape(packed)[:-1] + (2 * np.shape(packed)[-1],) if np.ndim(packed) else (),
+                                 name=name)
+        dec = mxfp4.decode_pair_ref if reference else mxfp4.decode_pair
+        x = dec(packed, scale, name=name)
+        enc = iq2xxs.encode_reference if reference else iq2xxs.encode
+        return {"packed": enc(x, imatrix=imatrix, name=name)}

@@ -1,0 +1,545 @@
+"""float32 -> llama.cpp IQ2_XXS (2.0625 bpw): weighted E8-grid search per group, numba.
+
+The stored format (decoder, byte layout, tables) is ``k3ckpt.formats.iq2xxs``.
+A super-block of 256 weights decodes as ``d * (0.5 + s) / 4 * g * sign``:
+``d`` one fp16, ``s`` a 4-bit scale per sub-block of 32 weights, ``g`` an
+8-vector of the 256-point grid (entries 8, 25, 43) per group of 8 and
+``sign`` an 8-bit pattern with an even number of minus signs.
+
+The error minimised is ``sum w_i (value_i - x_i)^2`` with llama.cpp's weights
+``w_i = imatrix_i * sqrt(sigma^2 + x_i^2)`` (``sigma^2`` the super-block's mean
+square, all-ones importance when none is given).  Per super-block:
+
+1. Per group of 8 (magnitudes ``a``, weights ``w``): for every point ``g``,
+   ``B_g = sum w a g`` minus ``2 min_j w_j a_j g_j`` when the group has an odd
+   number of negative inputs (the parity rule forces one sign flip, cheapest
+   where ``w a g`` is least); the error at step ``t`` is
+   ``sum w a^2 + t (t N_g - 2 B_g)``, ``N_g = sum w g^2``.  The grid's 256
+   points fall into 12 classes of equal ``|g|^2``; per class the point with
+   the largest ``B`` is kept (the exact choice when a group's weights are
+   equal), with its own ``N``.  The pass over the points is
+   ``requant.iq2xs._class_maxima`` (the SIMD-lane kernel of IQ2_XS, on this
+   grid's tables).
+2. Per sub-block of 4 groups: a free step ``t*``: classes by their best gain
+   ``B^2 / N``, then ``ALT`` rounds of the least-squares ``t`` for the chosen
+   classes and the best classes at that ``t``.
+3. Per super-block: fp16 ``d`` candidates ``4 * max t* / 15.5 * D_MULT``; for
+   each, every sub-block takes the better of the two scales around
+   ``t* / (d/4) - 0.5`` (the 12-class minimum per group); then up to
+   ``LS_STEPS`` least-squares refinements of ``d`` (classes and scales
+   fixed), rounded to fp16, kept only when the error drops.
+4. Codes: the winning class (first of equal errors) and its point; signs
+   are the inputs' sign bits, with the cheapest element flipped when odd.
+
+The choice depends on magnitudes only and zero inputs keep their sign bit, so
+``encode(-x)`` decodes to exactly ``-decode(encode(x))``.  Inputs are scaled
+per super-block by a power of two (exact); super-blocks with
+``max|x| < 2^-24`` encode as zeros and ``d`` is clamped to 65504.
+
+``encode`` (numba) and ``encode_reference`` (numpy, the same float operations in
+the same order, ties broken the same way) return identical bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+
+import numpy as np
+
+from ..errors import NaNScaleError, ShapeError
+from .iq2xs import _class_maxima, _f16_bits_nb, _jit, _round_f16_nb, round_f16
+from .q2_k import check_imatrix
+
+__all__ = ["ALT", "D_MULT", "LS_STEPS", "encode", "encode_reference", "search_tables"]
+
+QK = 256
+BLOCK_BYTES = 66
+TINY = 2.0 ** -24
+D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
+ALT = 2
+LS_STEPS = 2
+D_MULT.flags.writeable = False
+SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
+
+
+@functools.cache
+def search_tables() -> types.SimpleNamespace:
+    """The IQ2_XXS grid in norm-class order (from ``formats.iq2xxs.grid_table``), as
+    ``requant.iq2xs.search_tables`` lays out the IQ2_XS one: ``order``, ``gt`` [8, 256],
+    ``cls_start`` [C+1], ``cls_norm`` float64 [C], half patterns ``lo`` / ``hi``, ``lev``."""
+    from ..formats.iq2xxs import grid_table
+
+    grid = grid_table().astype(np.int64)
+    norm = (grid * grid).sum(axis=1)
+    order = np.argsort(norm, kind="stable")
+    sorted_norm = norm[order]
+    starts = np.flatnonzero(np.r_[True, sorted_norm[1:] != sorted_norm[:-1]])
+    digit = np.searchsorted([8, 25, 43], grid[order])
+    weights = 3 ** np.arange(4)
+    t = types.SimpleNamespace(
+        order=order.astype(np.int64),
+        gt=np.ascontiguousarray(grid[order].T.astype(np.float32)),
+        gsq=np.ascontiguousarray((grid[order].T ** 2).astype(np.float32)),
+        cls_start=np.r_[starts, len(order)].astype(np.int64),
+        cls_norm=sorted_norm[starts].astype(np.float64),
+        lo=(digit[:, :4] @ weights).astype(np.int64),
+        hi=(digit[:, 4:] @ weights).astype(np.int64),
+        lev=np.array([8.0, 25.0, 43.0], np.float32),
+    )
+    for arr in vars(t).values():
+        arr.flags.writeable = False
+    return t
+
+
+# ------------------------------------------------------------------ checks
+def _rows(x, *, name: str | None) -> tuple[np.ndarray, tuple[int, ...]]:
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim < 1:
+        raise ShapeError(f"IQ2_XXS encoder input must be float32 [..., K], found {x.dtype} {list(x.shape)}",
+                         tensor=name)
+    k = x.shape[-1]
+    if k % QK:
+        raise ShapeError(
+            f"IQ2_XXS is not applicable: it stores super-blocks of {QK} weights along the last axis and "
+            f"K = {k} is not a multiple of {QK} (gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
+            tensor=name,
+        )
+    x2 = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), k)
+    if not np.isfinite(x2).all():
+        flat = int(np.flatnonzero(~np.isfinite(x2.reshape(-1)))[0])
+        where = list(map(int, np.unravel_index(flat, x.shape)))
+        raise NaNScaleError(f"cannot encode non-finite value {x2.reshape(-1)[flat]} at {where} as IQ2_XXS",
+                            tensor=name)
+    return x2, x.shape
+
+
+# --------------------------------------------------------------- reference
+def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
+    """Numpy twin of ``encode`` (same decisions, same float operations; slow)."""
+    x2, shape = _rows(x, name=name)
+    qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
+    t = search_tables()
+    blocks = x2.reshape(-1, QK)
+    out = np.zeros((len(blocks), BLOCK_BYTES), np.uint8)
+    for i, b in enumerate(blocks):
+        out[i] = _ref_block(b, qw[i % len(qw)], t)
+    return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))
+
+
+def _seq(v) -> float:
+    """Sum from +0.0, left to right (the kernel's order)."""
+    acc = 0.0
+    for e in v:
+        acc += e
+    return acc
+
+
+def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
+    f0 = np.float32(0.0)
+    a = np.abs(x)
+    neg = (x.view(np.uint32) >> 31).astype(np.int64)
+    amax = a.max()
+    if amax < TINY:
+        return np.zeros(BLOCK_BYTES, np.uint8)
+    ex = math.frexp(float(amax))[1]
+    x = x * np.float32(math.ldexp(1.0, -ex))
+    a = a * np.float32(math.ldexp(1.0, -ex))
+    unscale = math.ldexp(1.0, ex)
+    if not _seq32(q.reshape(32, 8)) > f0:       # all-zero importance: ones
+        q = np.ones(QK, np.float32)
+    # weights (float32): sigma^2 = sum x^2 / 256, group sums first, then the 32 groups in order
+    sigma2 = _seq32(_rowsum32((x * x).reshape(32, 8))) / np.float32(QK)
+    w = (q * np.sqrt(sigma2 + x * x)).astype(np.float32).reshape(32, 8)
+    p = (w * a.reshape(32, 8)).astype(np.float32)                    # [32, 8]
+    ncls = len(t.cls_norm)
+
+    # 1. per group and class: the best B (float32, element order as the kernel)
+    prod = p[:, :, None] * t.gt[None, :, :]                          # [32, 8, 256]
+    lo_sum = ((prod[:, 0] + prod[:, 1]) + prod[:, 2]) + prod[:, 3]
+    hi_sum = ((prod[:, 4] + prod[:, 5]) + prod[:, 6]) + prod[:, 7]
+    odd = (neg.reshape(32, 8).sum(axis=1) & 1).astype(bool)
+    odd2 = np.where(odd, np.float32(2.0), f0).astype(np.float32)
+    bvals = (lo_sum + hi_sum) - odd2[:, None] * prod.min(axis=1)
+    bounds = t.cls_start
+    barg = np.stack([bounds[c] + np.argmax(bvals[:, bounds[c]:bounds[c + 1]], axis=1)
+                     for c in range(ncls)], axis=1)                  # [32, C], first maximum
+    bd = np.take_along_axis(bvals, barg, axis=1).astype(np.float64)  # [32, C]
+    # each class maximum's own energy sum_j w_j g_j^2 (float32, in element order)
+    nn = np.zeros((32, ncls), np.float32)
+    for j in range(8):
+        nn = nn + w[:, j][:, None] * t.gsq[j][barg]
+    nn = nn.astype(np.float64)
+
+    def errors(g, tt):              # [C]: each class's error (minus sum w a^2) for group g at step tt
+        return tt * (tt * nn[g] - 2.0 * bd[g])
+
+    def best_class(g, tt):
+        return int(np.argmin(errors(g, tt)))
+
+    def sub_error(m, tt):
+        return _seq(float(errors(4 * m + h, tt).min()) for h in range(4))
+
+    def lsq_t(m, cls):
+        num = _seq(bd[4 * m + h, cls[h]] for h in range(4))
+        den = _seq(nn[4 * m + h, cls[h]] for h in range(4))
+        return num / den if den > 0.0 else 0.0
+
+    # 2. free step per sub-block by alternation
+    tstar = np.zeros(8)
+    for m in range(8):
+        cls = []
+        for h in range(4):
+            g = 4 * m + h
+            gain = np.where(nn[g] > 0.0, bd[g] * bd[g] / np.where(nn[g] > 0.0, nn[g], 1.0), 0.0)
+            cls.append(int(np.argmax(gain)))
+        tt = lsq_t(m, cls)
+        for _ in range(ALT):
+            tt = lsq_t(m, [best_class(4 * m + h, tt) for h in range(4)])
+        tstar[m] = tt
+
+    def eval_d(dn):
+        u = dn * 0.25
+        total = 0.0
+        sel = np.zeros(8, np.int64)
+        for m in range(8):
+            sc = min(tstar[m] / u - 0.5, 14.0)
+            s0 = int(math.floor(sc)) if sc > 0.0 else 0
+            e0 = sub_error(m, u * (0.5 + s0))
+            e1 = sub_error(m, u * (0.5 + (s0 + 1)))
+            sel[m] = s0 + 1 if e1 < e0 else s0
+            total += e1 if e1 < e0 else e0
+        return total, sel
+
+    # 3. d candidates, then least-squares refinement
+    tmax = 0.0
+    for v in tstar:
+        tmax = v if v > tmax else tmax
+    d0 = 4.0 * tmax / 15.5
+    best_total, best_dn, s_sel = np.inf, 0.0, None
+    for fm in D_MULT:
+        dn = round_f16(d0 * fm * unscale) / unscale
+        if dn == 0.0:
+            continue
+        tot, sc = eval_d(dn)
+        if tot < best_total:
+            best_total, best_dn, s_sel = tot, dn, sc
+    if best_dn == 0.0:
+        return np.zeros(BLOCK_BYTES, np.uint8)
+    for _ in range(LS_STEPS):
+        num = 0.0
+        den = 0.0
+        for m in range(8):
+            h = 0.5 + s_sel[m]
+            tt = best_dn * 0.25 * h
+            cls = [best_class(4 * m + j, tt) for j in range(4)]
+            num += h * _seq(bd[4 * m + j, cls[j]] for j in range(4))
+            den += h * h * _seq(nn[4 * m + j, cls[j]] for j in range(4))
+        if not den > 0.0:
+            break
+        dn = round_f16(4.0 * num / den * unscale) / unscale
+        if not dn > 0.0 or dn == best_dn:
+            break
+        tot, sc = eval_d(dn)
+        if not tot < best_total:
+            break
+        best_total, best_dn, s_sel = tot, dn, sc
+
+    # 4. bytes: d via numpy's own fp16 conversion (an independent check of round_f16 / f16_bits)
+    out = np.zeros(BLOCK_BYTES, np.uint8)
+    out[0:2] = np.array([best_dn * unscale], np.float64).astype("<f2").view(np.uint8)
+    for m in range(8):
+        tt = best_dn * 0.25 * (0.5 + s_sel[m])
+        aux = int(s_sel[m]) << 28
+        for h in range(4):
+            g = 4 * m + h
+            i = int(barg[g, best_class(g, tt)])
+            bits = neg[8 * g:8 * g + 8].copy()
+            if odd[g]:
+                bits[int(np.argmin(prod[g, :, i]))] ^= 1
+            sg = int((bits << np.arange(8)).sum()) & 127
+            out[2 + 8 * m + h] = int(t.order[i])
+            aux |= sg << (7 * h)
+        out[2 + 8 * m + 4:2 + 8 * m + 8] = np.array([aux], "<u4").view(np.uint8)
+    return out
+
+
+def _rowsum32(v: np.ndarray) -> np.ndarray:
+    """float32 row sums from +0.0, left to right."""
+    acc = np.zeros(v.shape[0], np.float32)
+    for j in range(v.shape[1]):
+        acc = acc + v[:, j]
+    return acc
+
+
+def _seq32(v: np.ndarray) -> np.float32:
+    """float32 sum of all of ``v`` (rows first, ``_rowsum32``, then the row sums in order)."""
+    rows = _rowsum32(v) if v.ndim == 2 else v
+    acc = np.float32(0.0)
+    for e in rows:
+        acc = np.float32(acc + e)
+    return acc
+
+
+# ------------------------------------------------------------ numba kernel
+# Lanes: the 32 * SB_CHUNK groups of a chunk; group h of sub-block m (m = 8 b + ib for
+# sub-block ib of super-block b) is lane h * S + m, S = 8 * SB_CHUNK, so a sub-block's
+# four groups are lanes m, S + m, 2 S + m, 3 S + m and the class maxima run over all lanes.
+@_jit
+def _min_err(bd, nn, k, tt):
+    """Least class error t (t N - 2 B) of lane ``k`` at step ``tt`` and its first class."""
+    be = np.inf
+    bc = 0
+    for c in range(bd.shape[0]):
+        v = tt * (tt * nn[c, k] - 2.0 * bd[c, k])
+        if v < be:
+            be = v
+            bc = c
+    return be, bc
+
+
+@_jit
+def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lo, hi, cls_start, norm, d_mult, out):
+    # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
+    # importance (block i uses row i % nq), out [n, 66] u8 zero-filled.
+    nblk = xb.shape[0]
+    nq = qb.shape[0]
+    nsb = SB_CHUNK
+    nl = 32 * nsb
+    ns = 8 * nsb
+    ncls = norm.shape[0]
+    f0 = np.float32(0.0)
+    ou = np.empty(256, np.uint64)
+    ow = np.empty(256, np.uint64)
+    for i in range(256):
+        ou[i] = np.uint64(lo[i] * 2 * nl)
+        ow[i] = np.uint64((81 + hi[i]) * 2 * nl)
+    xs = np.zeros((nsb, 256), np.float32)
+    ws = np.zeros((nsb, 256), np.float32)
+    at = np.empty((8, nl), np.float32)
+    hpf = np.empty(nl, np.float32)
+    sgn = np.zeros(nl, np.int64)
+    wl = np.zeros((8, nl), np.float32)
+    live = np.zeros(nsb, np.bool_)
+    unscale = np.ones(nsb)
+    prod = np.empty((8, 3, nl), np.float32)
+    p2 = np.empty((9, nl), np.float32)
+    m2 = np.empty((9, nl), np.float32)
+    p3 = np.empty((27, nl), np.float32)
+    m3 = np.empty((27, nl), np.float32)
+    hh = np.empty(162 * 2 * nl, np.float32)
+    acc = np.empty((ncls, 2 * nl), np.float32)
+    bd = np.empty((ncls, nl))
+    nn = np.empty((ncls, nl))
+    tstar = np.zeros(ns)
+    cls = np.zeros(4, np.int64)
+    s_try = np.zeros(ns, np.int64)
+    s_sel = np.zeros(ns, np.int64)
+    tot = np.zeros(nsb)
+    best_total = np.zeros(nsb)
+    best_dn = np.zeros(nsb)
+    for b0 in range(0, nblk, nsb):
+        # 0. scaled magnitudes, weights, signs and parity as lanes; padding / tiny blocks are zero lanes
+        for b in range(nsb):
+            blk = b0 + b
+            amax = np.float32(0.0)
+            if blk < nblk:
+                for j in range(256):
+                    v = abs(xb[blk, j])
+                    amax = v if v > amax else amax
+            live[b] = amax >= TINY
+            f = np.float32(0.0)
+            unscale[b] = 1.0
+            if live[b]:
+                _, ex = math.frexp(amax)
+                f = np.float32(math.ldexp(1.0, -ex))
+                unscale[b] = math.ldexp(1.0, ex)
+            qr = blk % nq if blk < nblk else 0
+            qt = f0
+            s2 = f0
+            for g in range(32):
+                gq = f0
+                gx = f0
+                for j in range(8):
+                    v = xb[blk, 8 * g + j] * f if live[b] else f0
+                    xs[b, 8 * g + j] = v
+                    qv = qb[qr, 8 * g + j]
+                    ws[b, 8 * g + j] = qv
+                    gq += qv
+                    gx += v * v
+                qt += gq
+                s2 += gx
+            if not qt > f0:
+                for j in range(256):
+                    ws[b, j] = np.float32(1.0)
+            sigma2 = s2 / np.float32(QK)
+            for g in range(32):
+                k = (g & 3) * ns + 8 * b + (g >> 2)
+                bits = 0
+                par = 0
+                for j in range(8):
+                    v = xs[b, 8 * g + j]
+                    wv = ws[b, 8 * g + j] * np.sqrt(sigma2 + v * v)
+                    wl[j, k] = wv
+                    at[j, k] = wv * abs(v)
+                    ng = np.int64(sbits[blk, 8 * g + j] >> 31) if live[b] else np.int64(0)
+                    bits |= ng << j
+                    par += ng
+                sgn[k] = bits
+                hpf[k] = 2.0 if par & 1 else 0.0
+        # 1. class maxima of B, all lanes
+        _class_maxima(at, hpf, lev, ou, ow, cls_start, prod, p2, m2, p3, m3, hh, acc)
+        for c in range(ncls):
+            for k in range(nl):
+                bd[c, k] = acc[c, k]
+                i = np.int64(acc[c, nl + k])
+                e = f0
+                for j in range(8):
+                    e += wl[j, k] * gsq[j, i]
+                nn[c, k] = e
+        # 2. free step per sub-block by alternation
+        for m in range(ns):
+            num = 0.0
+            den = 0.0
+            for h in range(4):
+                k = h * ns + m
+                bg = -1.0
+                bc = 0
+                for c in range(ncls):
+                    gv = bd[c, k] * bd[c, k] / nn[c, k] if nn[c, k] > 0.0 else 0.0
+                    if gv > bg:
+                        bg = gv
+                        bc = c
+                num += bd[bc, k]
+                den += nn[bc, k]
+            tt = num / den if den > 0.0 else 0.0
+            for _ in range(ALT):
+                num = 0.0
+                den = 0.0
+                for h in range(4):
+                    k = h * ns + m
+                    _, bc = _min_err(bd, nn, k, tt)
+                    num += bd[bc, k]
+                    den += nn[bc, k]
+                tt = num / den if den > 0.0 else 0.0
+            tstar[m] = tt
+        # 3. d candidates per super-block, then least-squares refinement
+        for b in range(nsb):
+            tmax = 0.0
+            for m in range(8 * b, 8 * b + 8):
+                tmax = tstar[m] if tstar[m] > tmax else tmax
+            d0 = 4.0 * tmax / 15.5
+            best_total[b] = np.inf
+            best_dn[b] = 0.0
+            if not live[b]:
+                continue
+            for q in range(d_mult.shape[0]):
+                dn = _round_f16_nb(d0 * d_mult[q] * unscale[b]) / unscale[b]
+                if dn == 0.0:
+                    continue
+                total = _eval_d(dn, b, tstar, bd, nn, ns, s_try)
+                if total < best_total[b]:
+                    best_total[b] = total
+                    best_dn[b] = dn
+                    for m in range(8 * b, 8 * b + 8):
+                        s_sel[m] = s_try[m]
+            if best_dn[b] == 0.0:
+                continue
+            for _ in range(LS_STEPS):
+                num = 0.0
+                den = 0.0
+                for m in range(8 * b, 8 * b + 8):
+                    hv = 0.5 + s_sel[m]
+                    tt = best_dn[b] * 0.25 * hv
+                    sb = 0.0
+                    sn = 0.0
+                    for h in range(4):
+                        k = h * ns + m
+                        _, bc = _min_err(bd, nn, k, tt)
+                        sb += bd[bc, k]
+                        sn += nn[bc, k]
+                    num += hv * sb
+                    den += hv * hv * sn
+                if not den > 0.0:
+                    break
+                dn = _round_f16_nb(4.0 * num / den * unscale[b]) / unscale[b]
+                if not dn > 0.0 or dn == best_dn[b]:
+                    break
+                total = _eval_d(dn, b, tstar, bd, nn, ns, s_try)
+                if not total < best_total[b]:
+                    break
+                best_total[b] = total
+                best_dn[b] = dn
+                for m in range(8 * b, 8 * b + 8):
+                    s_sel[m] = s_try[m]
+        # 4. codes and bytes
+        for b in range(nsb):
+            blk = b0 + b
+            if blk >= nblk or best_dn[b] == 0.0:
+                continue
+            bits = _f16_bits_nb(best_dn[b] * unscale[b])
+            out[blk, 0] = bits & 255
+            out[blk, 1] = bits >> 8
+            for ib in range(8):
+                m = 8 * b + ib
+                tt = best_dn[b] * 0.25 * (0.5 + s_sel[m])
+                aux = np.int64(s_sel[m]) << 28
+                for h in range(4):
+                    k = h * ns + m
+                    _, bc = _min_err(bd, nn, k, tt)
+                    i = np.int64(acc[bc, nl + k])            # the class's first point reaching its maximum
+                    sg = sgn[k]
+                    if hpf[k] != 0.0:                        # odd: flip the cheapest element
+                        jm = 0
+                        pm = at[0, k] * gt[0, i]
+                        for j in range(1, 8):
+                            pv = at[j, k] * gt[j, i]
+                            if pv < pm:
+                                pm = pv
+                                jm = j
+                        sg ^= 1 << jm
+                    out[blk, 2 + 8 * ib + h] = order[i]
+                    aux |= (sg & 127) << (7 * h)
+                for j in range(4):
+                    out[blk, 2 + 8 * ib + 4 + j] = (aux >> (8 * j)) & 255
+
+
+@_jit
+def _eval_d(dn, b, tstar, bd, nn, ns, s_out):
+    """Total error of super-block ``b`` at normalised ``dn``; each sub-block's better of the two
+    scales around its t* -> ``s_out``."""
+    u = dn * 0.25
+    total = 0.0
+    for m in range(8 * b, 8 * b + 8):
+        sc = min(tstar[m] / u - 0.5, 14.0)
+        s0 = int(math.floor(sc)) if sc > 0.0 else 0
+        t0 = u * (0.5 + s0)
+        t1 = u * (0.5 + (s0 + 1))
+        e0 = 0.0
+        e1 = 0.0
+        for h in range(4):
+            v0, _ = _min_err(bd, nn, h * ns + m, t0)
+            v1, _ = _min_err(bd, nn, h * ns + m, t1)
+            e0 += v0
+            e1 += v1
+        if e1 < e0:
+            s_out[m] = s0 + 1
+            total += e1
+        else:
+            s_out[m] = s0
+            total += e0
+    return total
+
+
+def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
+    """float32 ``[..., K]`` (K a multiple of 256, finite) -> IQ2_XXS bytes U8 ``[..., K/256*66]`` (numba, one thread).
+
+    ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``requant.q2_k.check_imatrix``)."""
+    x2, shape = _rows(x, name=name)
+    qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
+    t = search_tables()
+    xb = x2.reshape(-1, QK)
+    out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
+    _encode_kernel(xb, xb.view(np.uint32), qw, t.gt, t.gsq, t.order, t.lev, t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, out)
+    return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))

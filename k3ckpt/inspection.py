@@ -196,13 +196,16 @@ def _experts_per_layer(columns: list[tuple[np.ndarray, np.ndarray]]) -> dict[int
     K3's 245,000 per-expert tensors are 82,432 experts, counted by numpy."""
     layer = np.concatenate([c[0] for c in columns]) if columns else np.empty(0, dtype=np.int64)
     expert = np.concatenate([c[1] for c in columns]) if columns else np.empty(0, dtype=np.int64)
-    if layer.dtype == object or expert.dtype == object:   # numbers past int64 (hostile names)
-        counts: dict[int, int] = defaultdict(int)
+    if not len(layer):
+        return {}
+    span = int(expert.max()) + 1
+    if layer.dtype == object or expert.dtype == object or int(layer.max()) * span >= 1 << 62:
+        counts: dict[int, int] = defaultdict(int)   # numbers past int64 (hostile names): sets
         for lay, _ in set(zip(layer.tolist(), expert.tolist())):
             counts[lay] += 1
         return dict(counts)
-    pairs = np.unique(np.stack([layer, expert], axis=1), axis=0)
-    layers, counts_ = np.unique(pairs[:, 0], return_counts=True)
+    pairs = np.unique(layer * span + expert)   # one int64 key per (layer, expert)
+    layers, counts_ = np.unique(pairs // span, return_counts=True)
     return dict(zip(layers.tolist(), counts_.tolist()))
 
 

@@ -286,3 +286,15 @@ def test_index_check_agrees_on_the_packaged_k3_names(tmp_path, monkeypatch):
     strict, _ = _open_outcome(tmp_path / "ck", monkeypatch, plain=False)
     fast, took_columns = _open_outcome(tmp_path / "ck", monkeypatch, plain=True)
     assert took_columns and fast == strict and len(strict[0]) == len(names)
+
+
+def test_index_check_decides_agreement_without_the_dict_path(tmp_path, monkeypatch):
+    """An index that agrees with its headers is settled by the columns check alone."""
+    from k3ckpt.io import reader
+
+    _checkpoint(tmp_path / "ck", {_S1: _A, _S2: _B}, dict(sorted(_AGREE.items(), reverse=True)))
+    monkeypatch.setattr(H, "_PLAIN_SCAN_MIN", 0)
+    calls = []
+    monkeypatch.setattr(reader, "_shard_table", lambda headers: calls.append(1) or {})
+    with reader.open_checkpoint(tmp_path / "ck") as ck:
+        assert len(ck.tensors) == len(_AGREE) and not calls

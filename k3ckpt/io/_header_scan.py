@@ -405,18 +405,14 @@ def _scan_index(buf):
 def scan_index(buf):
     """A plain index: (ok, other members' (key start, key end, value start, value
     end) [m, 4], weight_map pairs (name start, name end, shard start, shard end)
-    [n, 4], shard id per name, first name of each shard id, hash table of the
-    names for ``match_names``).  Not ok when the index is not plain or names a
-    tensor twice (the strict parser then says so)."""
+    [n, 4], shard id per name, first name of each shard id, a 64-bit hash
+    (FNV-1a) of each name)."""
     ok, pairs, members = _scan_index(buf)
     empty = np.empty(0, dtype=np.int64)
     if not ok:
-        return False, members, pairs, empty, empty, empty
-    table, dup = _name_table(buf, pairs[:, 0], pairs[:, 1])
-    if dup >= 0:
-        return False, members, pairs, empty, empty, empty
+        return False, members, pairs, empty, empty, np.empty(0, dtype=np.uint64)
     kind, first = span_ids(buf, pairs[:, 2], pairs[:, 3])
-    return True, members, pairs, kind, first, table
+    return True, members, pairs, kind, first, _hashes(buf, pairs[:, 0], pairs[:, 1])
 
 
 @njit
@@ -434,79 +430,47 @@ def _fnv(buf, a, b):
 
 
 @njit
-def _equal(x, a0, a1, y, b0, b1):
-    if a1 - a0 != b1 - b0:
-        return False
-    for k in range(a1 - a0):
-        if x[a0 + k] != y[b0 + k]:
-            return False
-    return True
-
-
-_TAG_SHIFT = 33   # entry: (hash >> 33) << 32 | item, never negative; items < 2**27 (an index is < 1 GiB)
+def _hashes(buf, starts, ends):
+    out = np.empty(starts.shape[0], dtype=np.uint64)
+    for t in range(starts.shape[0]):
+        out[t] = _fnv(buf, starts[t], ends[t])
+    return out
 
 
 @njit
-def _name_table(buf, starts, ends):
-    """An open-addressing hash table of the texts ``buf[starts[t]:ends[t]]``
-    (slot -> tag | item, -1 empty; a power of two at least twice the items), and
-    the first item repeating an earlier text, or -1.  The tag (high bits of the
-    hash) spares most byte comparisons with other names in a probe sequence."""
-    n = starts.shape[0]
-    size = 1024
-    while size < 2 * n:
-        size *= 2
-    table = np.full(size, -1, dtype=np.int64)
-    for t in range(n):
-        h = _fnv(buf, starts[t], ends[t])
-        tag = np.int64(h >> np.uint64(_TAG_SHIFT)) << 32
-        slot = np.int64(h & np.uint64(size - 1))
-        while True:
-            v = table[slot]
-            if v < 0:
-                table[slot] = tag | t
-                break
-            r = v & 0xFFFFFFFF
-            if v - r == tag and _equal(buf, starts[t], ends[t], buf, starts[r], ends[r]):
-                return table, t
-            slot = (slot + 1) & (size - 1)
-    return table, np.int64(-1)
-
-
-@njit
-def match_names(ibuf, istarts, iends, ishard, table, names, nshard):
-    """Whether ``names`` (tensor names joined by newlines, name k held by shard
-    ``nshard[k]``) are exactly the index's names ``ibuf[istarts[t]:iends[t]]``,
-    each listed for the shard ``ishard[t]`` that holds it and held once: the
-    index and the headers agree.  Exact (bytes compared, the hash only finds
-    them); ``table`` is ``scan_index``'s."""
-    n = istarts.shape[0]
-    if nshard.shape[0] != n:
-        return False
-    listed = ishard.copy()            # -1 once a name is found: a second holder then disagrees
-    mask = table.shape[0] - 1
+def name_spans(names):
+    """(start, end, 64-bit hash) of each name in ``names``, names joined by newlines."""
     L = names.shape[0]
+    n = 1
+    for i in range(L):
+        if names[i] == 10:
+            n += 1
+    starts = np.empty(n, dtype=np.int64)
+    ends = np.empty(n, dtype=np.int64)
     a = 0
     for k in range(n):
         b = a
         while b < L and names[b] != 10:
             b += 1
-        h = _fnv(names, a, b)
-        tag = np.int64(h >> np.uint64(_TAG_SHIFT)) << 32
-        slot = np.int64(h & np.uint64(mask))
-        while True:
-            v = table[slot]
-            if v < 0:
-                return False          # a name the index does not list
-            r = v & 0xFFFFFFFF
-            if v - r == tag and _equal(ibuf, istarts[r], iends[r], names, a, b):
-                break
-            slot = (slot + 1) & mask
-        if listed[r] != nshard[k]:
-            return False              # held twice, or by another shard than listed
-        listed[r] = -1
+        starts[k] = a
+        ends[k] = b
         a = b + 1
-    return a == L + 1                 # n names, each found once: all n listed are held
+    return starts, ends, _hashes(names, starts, ends)
+
+
+@njit
+def same_texts(x, x_starts, x_ends, y, y_starts, y_ends):
+    """Whether ``x[x_starts[k]:x_ends[k]]`` equals ``y[y_starts[k]:y_ends[k]]`` for every k."""
+    for k in range(x_starts.shape[0]):
+        a0 = x_starts[k]
+        b0 = y_starts[k]
+        n = x_ends[k] - a0
+        if y_ends[k] - b0 != n:
+            return False
+        for i in range(n):
+            if x[a0 + i] != y[b0 + i]:
+                return False
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -611,13 +575,16 @@ def plain_index_columns(raw: bytes, *, source: str, what: str
                         ) -> tuple[dict, np.ndarray, np.ndarray, list[str], np.ndarray] | None:
     """A large plain index as columns, without a Python object per tensor: (its
     members but ``weight_map``, parsed strictly; ``scan_index``'s pairs; shard id
-    per name; the distinct shard names; the name table for ``match_names``).
-    None when it is not plain or a strict parse would fail."""
+    per name; the distinct shard names; a 64-bit hash per name).  None when it is
+    not plain or a strict parse would fail."""
     if not raw.isascii():
         return None
-    ok, members, pairs, shard_id, first, table = scan_index(np.frombuffer(raw, dtype=np.uint8))
+    ok, members, pairs, shard_id, first, hashes = scan_index(np.frombuffer(raw, dtype=np.uint8))
     if not ok:
         return None
+    ordered = np.sort(hashes)
+    if len(ordered) and (ordered[1:] == ordered[:-1]).any():
+        return None   # distinct hashes prove distinct names; a repeat (or a collision) goes to the strict parser
     shards = [raw[a:b].decode("ascii") for a, b in pairs[first][:, 2:4].tolist()]
     obj: dict[str, Any] = {}
     for k0, k1, v0, v1 in members.tolist():
@@ -628,4 +595,4 @@ def plain_index_columns(raw: bytes, *, source: str, what: str
             obj[key] = loads_strict(raw[v0:v1], source=source, what=what)
         except InvalidFileError:
             return None
-    return obj, pairs, shard_id, shards, table
+    return obj, pairs, shard_id, shards, hashes

@@ -212,7 +212,7 @@ def _load_json_file(path: Path, *, what: str, index: bool = False) -> Any:
 class IndexColumns(NamedTuple):
     """A large plain index kept as columns over its bytes (the fast path,
     ``_header_scan.plain_index_columns``): its 497,220 names (a K3's) are checked
-    against the headers by one exact pass (``match_names``) instead of becoming
+    against the headers' by comparing bytes (``_columns_agree``) instead of becoming
     Python strings twice, in a weight map and in the table it is compared with."""
 
     raw: bytes
@@ -220,7 +220,7 @@ class IndexColumns(NamedTuple):
     pairs: np.ndarray          # [n, 4] name start/end, shard start/end in ``raw``
     shard_id: np.ndarray       # [n] index into ``shards``
     shards: list[str]          # distinct shard names, in order of first appearance
-    table: np.ndarray          # the names' hash table
+    hashes: np.ndarray         # [n] uint64, a hash of each name (all distinct)
 
     def weight_map(self) -> dict[str, str]:
         """The weight map as a dict (only to name what disagrees)."""
@@ -362,18 +362,17 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
     shard_of: dict[str, str] | None = None
     with paused_gc(keep=True):
         headers = _read_headers(shards, sources, parsed, root)
-        if isinstance(index_json, IndexColumns):
-            agree = _columns_agree(index_json, shards, headers)
-        else:
+        agree = isinstance(index_json, IndexColumns) and _columns_agree(index_json, shards, headers)
+        if not agree:
             # Whole-table checks at C speed; the per-name walk in _explain_mismatch runs
             # only to name what is wrong.  No name sits in two headers, and (with an
             # index) the index maps exactly these names to exactly these shards.
+            if isinstance(index_json, IndexColumns):
+                weight_map = index_json.weight_map()
             shard_of = _shard_table(headers)
             agree = (sum(len(h.tensors) for h in headers.values()) == len(shard_of)
                      and (weight_map is None or shard_of == weight_map))
     if not agree:
-        if weight_map is None and index_json is not None:
-            weight_map = index_json.weight_map()
         _explain_mismatch(shards, headers, weight_map, root=root, index_source=index_source)
     used = {s: sources[s] for s in shards}
     for s, src in sources.items():  # sources the index does not name are not ours to keep open
@@ -414,28 +413,43 @@ def _shard_table(headers: dict[str, Header]) -> dict[str, str]:
     return shard_of
 
 
+_HASH_BITS = 48   # of a name's hash, under its shard's index in one sort key
+
+
 def _columns_agree(index: IndexColumns, shards: list[str], headers: dict[str, Header]) -> bool:
-    """Whether the index lists exactly the headers' tensors, each for the shard
-    holding it, and no name is in two headers: one exact pass over the index
-    bytes and the headers' names joined (``match_names``)."""
+    """True when the index lists exactly the headers' tensors, each for the shard
+    holding it, and no name is in two headers; False when that may not hold (the
+    dict comparison then decides).  Both sides sorted by (shard, name hash) must
+    pair up name for name, bytes compared: no Python string per index name, and
+    the byte comparisons stay inside one shard's names at a time."""
     counts = [len(h.tensors) for h in headers.values()]
     total = sum(counts)
-    if total != len(index.pairs):
+    if total != len(index.pairs) or len(shards) >= 1 << (64 - _HASH_BITS):
         return False
     if total == 0:
         return True
     text = "\n".join(itertools.chain.from_iterable(h.tensors for h in headers.values()))
-    # The plain index holds ASCII names without control characters: a header name
-    # that is not ASCII or holds a newline cannot be listed in it.
-    if not text.isascii() or text.count("\n") != total - 1:
+    if not text.isascii():   # the plain index is ASCII
         return False
-    from ._header_scan import match_names
+    from ._header_scan import name_spans, same_texts
 
+    held = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    starts, ends, hashes = name_spans(held)
+    if len(starts) != total:   # a newline in a header name: not in the plain index
+        return False
     at = {s: i for i, s in enumerate(shards)}
-    listed_as = np.array([at[s] for s in index.shards], dtype=np.int64)[index.shard_id]
-    held_by = np.repeat(np.arange(len(shards), dtype=np.int64), counts)
-    return bool(match_names(np.frombuffer(index.raw, dtype=np.uint8), index.pairs[:, 0], index.pairs[:, 1],
-                            listed_as, index.table, np.frombuffer(text.encode("ascii"), dtype=np.uint8), held_by))
+    listed_as = np.array([at[s] for s in index.shards], dtype=np.uint64)[index.shard_id]
+    held_by = np.repeat(np.arange(len(shards), dtype=np.uint64), counts)
+    shift = np.uint64(_HASH_BITS)
+    ikey = (listed_as << shift) | (index.hashes >> np.uint64(64 - _HASH_BITS))
+    hkey = (held_by << shift) | (hashes >> np.uint64(64 - _HASH_BITS))
+    iorder = np.argsort(ikey)
+    horder = np.argsort(hkey)
+    hk = hkey[horder]
+    if not np.array_equal(ikey[iorder], hk) or (hk[1:] == hk[:-1]).any():
+        return False   # a difference, or two names of a shard with one key: the dict comparison decides
+    return bool(same_texts(np.frombuffer(index.raw, dtype=np.uint8), index.pairs[iorder, 0], index.pairs[iorder, 1],
+                           held, starts[horder], ends[horder]))
 
 
 def _explain_mismatch(shards, headers, weight_map, *, root, index_source) -> None:

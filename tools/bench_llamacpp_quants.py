@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs) against ggml's own quantizers.
+
+    python tools/bench_llamacpp_quants.py                  # [1024, 3584]: a third of a K3 w1 expert
+    python tools/bench_llamacpp_quants.py --size 256x3584 --repeat 1
+    python tools/bench_llamacpp_quants.py --json
+
+Data: the generator of tools/bench_requant.py: a unit Gaussian and a Student-t(5)
+with per-row scale spread, MXFP4-ized (OCP encoder) and decoded; errors are
+against those MXFP4 values.  Importance: none, or a synthetic one (per column
+exp(N(0, 1)): the heavy-tailed spread of llama.cpp's mean squared activations).
+
+Quality: the importance-weighted SNR ``10 log10(sum q x^2 / sum q (x - y)^2)``
+(q = 1 without an importance matrix), ours against ggml's on the same data.
+ggml is ``ggml_quantize_chunk`` from the libggml that llama-cpp-python builds,
+through ctypes: without an importance matrix Q2_K runs its reference quantizer
+(what llama-quantize does), IQ2_XXS refuses to run without one, so it gets all
+ones (ours takes None, which means the same).
+
+Speed: process CPU time of one thread pinned to one core, best of ``--repeat``,
+both encoders on the Gaussian source, alternately.  Targets: SNR >= ggml's and
+>= 10x its single-thread speed.  Without llama_cpp the ggml rows are left out.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_requant  # noqa: E402  (same data generator and timing helper)
+from k3ckpt.formats import iq2xxs as fmt_iq2xxs  # noqa: E402
+from k3ckpt.formats import mxfp4  # noqa: E402
+from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
+from k3ckpt.requant import iq2xxs, q2_k  # noqa: E402
+
+TARGET_SPEEDUP = 10.0
+FORMATS = {
+    # name: (ggml type id, block bytes, our encoder, decoder, ggml needs an importance matrix)
+    "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k, False),
+    "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs, True),
+}
+
+
+def pin_one_core() -> str:
+    if not hasattr(os, "sched_setaffinity"):
+        return "not pinned (no sched_setaffinity)"
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    return f"pinned to CPU {cpu}"
+
+
+def ggml_quantizer():
+    """``quantize(ggml_type, x [n, k] float32, imatrix [k] or None) -> bytes [n, ...]`` through
+    libggml, or (None, why not)."""
+    try:
+        from llama_cpp import _ggml  # type: ignore[import-not-found]
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+        return None, f"llama_cpp not importable ({type(exc).__name__})"
+    lib = _ggml.libggml
+    fn = lib.ggml_quantize_chunk
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.c_void_p]
+    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+    block = {t: bb for t, bb, *_ in FORMATS.values()}
+
+    def quantize(gtype: int, x: np.ndarray, imatrix: np.ndarray | None) -> np.ndarray:
+        lib.ggml_quantize_init(gtype)       # IQ2 grids; idempotent
+        x = np.ascontiguousarray(x, np.float32)
+        n, k = x.shape
+        out = np.zeros((n, k // 256 * block[gtype]), np.uint8)
+        q = None if imatrix is None else np.ascontiguousarray(imatrix, np.float32)
+        size = fn(gtype, x.ctypes.data, out.ctypes.data, 0, n, k, None if q is None else q.ctypes.data)
+        assert size == out.nbytes, (size, out.nbytes)
+        return out
+
+    return quantize, "ggml_quantize_chunk via ctypes (llama-cpp-python's libggml)"
+
+
+def weighted_snr(x: np.ndarray, y: np.ndarray, q: np.ndarray | None) -> float:
+    x64, e = x.astype(np.float64), (y.astype(np.float64) - x.astype(np.float64))
+    w = np.ones(x.shape[-1]) if q is None else q.astype(np.float64)
+    return 10 * math.log10(float((w * x64 * x64).sum()) / float((w * e * e).sum()))
+
+
+def run(n: int, k: int, repeat: int, seed: int) -> dict:
+    ggml, note = ggml_quantizer()
+    rng = np.random.default_rng(seed + 1)
+    importance = {"none": None, "synthetic": np.exp(rng.normal(0.0, 1.0, k)).astype(np.float32)}
+    res: dict = {"shape": [n, k], "weights": n * k, "ggml": note, "quality": [], "speed": []}
+    sources = {name: mxfp4.decode_pair(*mxfp4.encode_pair(x))
+               for name, x in bench_requant.datasets(n, k, seed).items()}
+    for fname, (gtype, _, enc, dec, needs) in FORMATS.items():
+        for sname, src in sources.items():
+            for iname, q in importance.items():
+                row = {"format": fname, "source": sname, "imatrix": iname,
+                       "ours_db": weighted_snr(src, dec(enc(src, imatrix=q)), q)}
+                if ggml is not None:
+                    gq = np.ones(k, np.float32) if (q is None and needs) else q
+                    row["ggml_db"] = weighted_snr(src, dec(ggml(gtype, src, gq)), q)
+                    row["gain_db"] = row["ours_db"] - row["ggml_db"]
+                res["quality"].append(row)
+        src = sources["gaussian"]
+        for iname, q in importance.items():
+            gq = np.ones(k, np.float32) if (q is None and needs) else q
+            ours = bench_requant.cpu_best(lambda: enc(src, imatrix=q), repeat)
+            row = {"format": fname, "imatrix": iname, "ours_mw_s": src.size / ours / 1e6}
+            if ggml is not None:
+                theirs = bench_requant.cpu_best(lambda: ggml(gtype, src, gq), repeat)
+                row["ggml_mw_s"] = src.size / theirs / 1e6
+                row["speedup"] = theirs / ours
+            res["speed"].append(row)
+    res["targets"] = targets(res)
+    return res
+
+
+def targets(res: dict) -> list[dict]:
+    out = []
+    for r in res["quality"]:
+        if "ggml_db" in r:
+            out.append({"target": f"{r['format']} {r['source']} imatrix={r['imatrix']}: SNR >= ggml",
+                        "want": f">= {r['ggml_db']:.3f}", "measured": r["ours_db"],
+                        "pass": r["ours_db"] >= r["ggml_db"]})
+    for r in res["speed"]:
+        if "speedup" in r:
+            out.append({"target": f"{r['format']} imatrix={r['imatrix']}: speed >= {TARGET_SPEEDUP:g}x ggml",
+                        "want": f">= {TARGET_SPEEDUP:g}", "measured": r["speedup"],
+                        "pass": r["speedup"] >= TARGET_SPEEDUP})
+    return out
+
+
+def render(res: dict, pin_note: str) -> str:
+    n, k = res["shape"]
+    lines = [f"llama.cpp quant family from MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.2f} M weights; "
+             f"{pin_note}; ggml: {res['ggml']}",
+             "SNR weighted by the importance matrix (1 without); Q2_K without one: ggml's reference quantizer; "
+             "IQ2_XXS without one: ggml given all ones", ""]
+    lines.append(f"{'format':<8} {'source':<13} {'imatrix':<10} {'ours dB':>8} {'ggml dB':>8} {'gain dB':>8}")
+    for r in res["quality"]:
+        g = f"{r['ggml_db']:>8.3f} {r['gain_db']:>+8.3f}" if "ggml_db" in r else f"{'-':>8} {'-':>8}"
+        lines.append(f"{r['format']:<8} {r['source']:<13} {r['imatrix']:<10} {r['ours_db']:>8.3f} {g}")
+    lines += ["", f"{'format':<8} {'imatrix':<10} {'ours Mw/s':>10} {'ggml Mw/s':>10} {'ratio':>7}   (one core, CPU time)"]
+    for r in res["speed"]:
+        g = f"{r['ggml_mw_s']:>10.2f} {r['speedup']:>6.1f}x" if "ggml_mw_s" in r else f"{'-':>10} {'-':>7}"
+        lines.append(f"{r['format']:<8} {r['imatrix']:<10} {r['ours_mw_s']:>10.2f} {g}")
+    lines += ["", f"{'target':<52} {'want':>10} {'measured':>10}  result"]
+    for t in res["targets"]:
+        lines.append(f"{t['target']:<52} {t['want']:>10} {t['measured']:>10.3f}  {'PASS' if t['pass'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1024x3584", help="N x K, K a multiple of 256")
+    ap.add_argument("--repeat", type=int, default=2, help="timed runs per encoder (best is kept)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = ap.parse_args(argv)
+    n, k = bench_requant.parse_size(args.size)
+    if k % 256:
+        raise SystemExit(f"K = {k} is not a multiple of 256: Q2_K and IQ2_XXS are not applicable")
+    pin_note = "not pinned" if args.no_pin else pin_one_core()
+    res = run(n, k, args.repeat, args.seed)
+    res["pinning"] = pin_note
+    print(json.dumps(res, indent=2) if args.json else render(res, pin_note))
+    return 0 if all(t["pass"] for t in res["targets"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

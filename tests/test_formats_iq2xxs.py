@@ -164,36 +164,30 @@ def test_super_blocks_are_independent_of_their_search_chunk():
     assert np.array_equal(got, alone)
 
 
-def test_each_group_takes_its_best_class_point():
-    # For equal weights in a group the kept point of each norm class is the one with the largest
-    # correlation B; check the encoder's output point against a brute force over the class's
-    # points and all 128 sign patterns (the signs fixed as the encoder fixes them).
+def test_each_group_has_the_best_signs_for_its_point():
+    # For the decoded point and step of each group, the stored sign pattern has the least weighted
+    # error of all 128 allowed patterns (brute force), and follows the inputs' signs but for at
+    # most one flip (the parity rule).
     rng = np.random.default_rng(13)
     x = rng.standard_normal((1, 256)).astype(np.float32)
-    b = enc.encode(x)[0]
+    im = np.exp(rng.normal(0, 1, 256)).astype(np.float32)
+    b = enc.encode(x, imatrix=im)[0]
+    y = iq2xxs.decode_iq2xxs(b[None])[0].astype(np.float64)
     grid = iq2xxs.grid_table().astype(np.float64)
     signs = sign_table()
-    norms = (grid ** 2).sum(axis=1)
-    a = np.abs(x[0].astype(np.float64))
-    w = np.sqrt((a ** 2).mean() + a ** 2)
+    patterns = np.where((signs[:, None] >> np.arange(8)) & 1, -1.0, 1.0)       # [128, 8]
+    xs = x[0].astype(np.float64)
+    w = im * np.sqrt((xs ** 2).mean() + xs ** 2)
     for g in range(32):
         m, h = divmod(g, 4)
         idx = b[2 + 8 * m + h]
-        sg = (int.from_bytes(bytes(b[6 + 8 * m:10 + 8 * m]), "little") >> (7 * h)) & 127
-        sgn = np.where((signs[sg] >> np.arange(8)) & 1, -1.0, 1.0)
-        xs = x[0, 8 * g:8 * g + 8].astype(np.float64)
-        ww = w[8 * g:8 * g + 8]
-        got_b = (ww * sgn * xs * grid[idx]).sum()             # B of the chosen point with its signs
-        same = np.flatnonzero(norms == norms[idx])
-        neg = np.signbit(x[0, 8 * g:8 * g + 8])
-        best = -np.inf
-        for i in same:                                         # brute force over the class and signs
-            for s in range(128):
-                pat = np.where((signs[s] >> np.arange(8)) & 1, -1.0, 1.0)
-                best = max(best, (ww * pat * xs * grid[i]).sum())
-        assert got_b >= best - 1e-5 * abs(best), g
-        # the output signs follow the inputs except one flip at most
-        assert ((sgn < 0) != neg).sum() <= 1
+        cols = slice(8 * g, 8 * g + 8)
+        mag = np.abs(y[cols])                                  # t * grid[idx]
+        errs = (w[cols] * (patterns * mag - xs[cols]) ** 2).sum(axis=1)
+        got = (w[cols] * (y[cols] - xs[cols]) ** 2).sum()
+        assert got <= errs.min() * (1 + 1e-12) + 1e-15, g
+        assert np.allclose(mag / mag.max(), grid[idx] / grid[idx].max())
+        assert ((y[cols] < 0) != np.signbit(x[0, cols])).sum() <= 1
 
 
 def test_sign_symmetry():

@@ -15,11 +15,12 @@ square, all-ones importance when none is given).  Per super-block:
    number of negative inputs (the parity rule forces one sign flip, cheapest
    where ``w a g`` is least); the error at step ``t`` is
    ``sum w a^2 + t (t N_g - 2 B_g)``, ``N_g = sum w g^2``.  The grid's 256
-   points fall into 12 classes of equal ``|g|^2``; per class the point with
-   the largest ``B`` is kept (the exact choice when a group's weights are
-   equal), with its own ``N``.  The pass over the points is
-   ``requant.iq2xs._class_maxima`` (the SIMD-lane kernel of IQ2_XS, on this
-   grid's tables).
+   points fall into 12 classes of equal ``|g|^2``; per class one point is kept
+   with its own ``B`` and ``N``: the one with the largest ``B`` (exact when a
+   group's weights are equal), and after step 2, once more, the one with the
+   largest ``B - t* N / 2`` at its sub-block's step (``PASSES``).  The pass
+   over the points (``_class_scores``) has the SIMD-lane layout of
+   ``requant.iq2xs._class_maxima``.
 2. Per sub-block of 4 groups: a free step ``t*``: classes by their best gain
    ``B^2 / N``, then ``ALT`` rounds of the least-squares ``t`` for the chosen
    classes and the best classes at that ``t``.
@@ -49,10 +50,10 @@ import types
 import numpy as np
 
 from ..errors import NaNScaleError, ShapeError
-from .iq2xs import _class_maxima, _f16_bits_nb, _jit, _round_f16_nb, round_f16
+from .iq2xs import _f16_bits_nb, _jit, _round_f16_nb, round_f16
 from .q2_k import check_imatrix
 
-__all__ = ["ALT", "D_MULT", "LS_STEPS", "encode", "encode_reference", "search_tables"]
+__all__ = ["ALT", "D_MULT", "LS_STEPS", "PASSES", "encode", "encode_reference", "search_tables"]
 
 QK = 256
 BLOCK_BYTES = 66
@@ -60,6 +61,7 @@ TINY = 2.0 ** -24
 D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
 ALT = 2
 LS_STEPS = 2
+PASSES = 1                    # class points re-scored at the sub-blocks' steps
 D_MULT.flags.writeable = False
 SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
 
@@ -87,6 +89,7 @@ def search_tables() -> types.SimpleNamespace:
         lo=(digit[:, :4] @ weights).astype(np.int64),
         hi=(digit[:, 4:] @ weights).astype(np.int64),
         lev=np.array([8.0, 25.0, 43.0], np.float32),
+        lsq=np.array([64.0, 625.0, 1849.0], np.float32),
     )
     for arr in vars(t).values():
         arr.flags.writeable = False
@@ -155,22 +158,25 @@ def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
     p = (w * a.reshape(32, 8)).astype(np.float32)                    # [32, 8]
     ncls = len(t.cls_norm)
 
-    # 1. per group and class: the best B (float32, element order as the kernel)
-    prod = p[:, :, None] * t.gt[None, :, :]                          # [32, 8, 256]
-    lo_sum = ((prod[:, 0] + prod[:, 1]) + prod[:, 2]) + prod[:, 3]
-    hi_sum = ((prod[:, 4] + prod[:, 5]) + prod[:, 6]) + prod[:, 7]
     odd = (neg.reshape(32, 8).sum(axis=1) & 1).astype(bool)
     odd2 = np.where(odd, np.float32(2.0), f0).astype(np.float32)
-    bvals = (lo_sum + hi_sum) - odd2[:, None] * prod.min(axis=1)
+    prod = p[:, :, None] * t.gt[None, :, :]                          # [32, 8, 256]: w a g
+    pen = odd2[:, None] * prod.min(axis=1)                           # the forced flip's cost
+    bvals = (_half(prod, 0) + _half(prod, 4)) - pen                  # B of every point
+    gsq = t.gt * t.gt
     bounds = t.cls_start
-    barg = np.stack([bounds[c] + np.argmax(bvals[:, bounds[c]:bounds[c + 1]], axis=1)
-                     for c in range(ncls)], axis=1)                  # [32, C], first maximum
-    bd = np.take_along_axis(bvals, barg, axis=1).astype(np.float64)  # [32, C]
-    # each class maximum's own energy sum_j w_j g_j^2 (float32, in element order)
-    nn = np.zeros((32, ncls), np.float32)
-    for j in range(8):
-        nn = nn + w[:, j][:, None] * t.gsq[j][barg]
-    nn = nn.astype(np.float64)
+
+    def classes(htau):
+        """Per group and class the point with the best score B - htau N (htau [32] float32, htau = t / 2
+        at the group's expected step: 0 first), its B and its own energy N = sum w g^2."""
+        ps = prod - (htau[:, None] * w)[:, :, None] * gsq[None, :, :]
+        score = (_half(ps, 0) + _half(ps, 4)) - pen
+        arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
+                        for c in range(ncls)], axis=1)               # [32, C], first maximum
+        egy = np.zeros((32, ncls), np.float32)
+        for j in range(8):
+            egy = egy + w[:, j][:, None] * gsq[j][arg]
+        return arg, np.take_along_axis(bvals, arg, axis=1).astype(np.float64), egy.astype(np.float64)
 
     def errors(g, tt):              # [C]: each class's error (minus sum w a^2) for group g at step tt
         return tt * (tt * nn[g] - 2.0 * bd[g])
@@ -186,18 +192,26 @@ def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
         den = _seq(nn[4 * m + h, cls[h]] for h in range(4))
         return num / den if den > 0.0 else 0.0
 
-    # 2. free step per sub-block by alternation
-    tstar = np.zeros(8)
-    for m in range(8):
-        cls = []
-        for h in range(4):
-            g = 4 * m + h
-            gain = np.where(nn[g] > 0.0, bd[g] * bd[g] / np.where(nn[g] > 0.0, nn[g], 1.0), 0.0)
-            cls.append(int(np.argmax(gain)))
-        tt = lsq_t(m, cls)
-        for _ in range(ALT):
-            tt = lsq_t(m, [best_class(4 * m + h, tt) for h in range(4)])
-        tstar[m] = tt
+    # 2. free step per sub-block by alternation; then the class points again, scored at that step
+    def free_steps():
+        tstar = np.zeros(8)
+        for m in range(8):
+            cls = []
+            for h in range(4):
+                g = 4 * m + h
+                gain = np.where(nn[g] > 0.0, bd[g] * bd[g] / np.where(nn[g] > 0.0, nn[g], 1.0), 0.0)
+                cls.append(int(np.argmax(gain)))
+            tt = lsq_t(m, cls)
+            for _ in range(ALT):
+                tt = lsq_t(m, [best_class(4 * m + h, tt) for h in range(4)])
+            tstar[m] = tt
+        return tstar
+
+    barg, bd, nn = classes(np.zeros(32, np.float32))
+    tstar = free_steps()
+    for _ in range(PASSES):
+        barg, bd, nn = classes(np.repeat(0.5 * tstar, 4).astype(np.float32))
+        tstar = free_steps()
 
     def eval_d(dn):
         u = dn * 0.25
@@ -265,6 +279,11 @@ def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
     return out
 
 
+def _half(prod: np.ndarray, j: int) -> np.ndarray:
+    """((v_j + v_j+1) + v_j+2) + v_j+3 over axis 1 of ``prod`` [32, 8, P] (the kernel's order)."""
+    return ((prod[:, j] + prod[:, j + 1]) + prod[:, j + 2]) + prod[:, j + 3]
+
+
 def _rowsum32(v: np.ndarray) -> np.ndarray:
     """float32 row sums from +0.0, left to right."""
     acc = np.zeros(v.shape[0], np.float32)
@@ -300,7 +319,126 @@ def _min_err(bd, nn, k, tt):
 
 
 @_jit
-def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lo, hi, cls_start, norm, d_mult, out):
+def _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prodm, p2, m2, p3, m3, hh, acc):
+    """``acc[c, k]``: the best score B - htau N over class c's points for lane k, ``acc[c, L + k]``
+    the first point reaching it (as float32: exact).  The layout and loops of
+    ``requant.iq2xs._class_maxima``, with the sums taken over ``w a g - (htau w) g^2`` and the
+    flip's minimum over ``w a g`` (``at`` = w a, ``wl`` = w, ``lsq`` = the levels squared)."""
+    nl = at.shape[1]
+    for j in range(8):
+        for v in range(3):
+            for k in range(nl):
+                pm = at[j, k] * lev[v]
+                prodm[j, v, k] = pm
+                prods[j, v, k] = pm - (htau[k] * wl[j, k]) * lsq[v]
+    h4 = hh.reshape((2, 81, 2, nl))
+    for h in range(2):
+        j = 4 * h
+        for d1 in range(3):
+            for d0 in range(3):
+                r = d0 + 3 * d1
+                for k in range(nl):
+                    p2[r, k] = prods[j, d0, k] + prods[j + 1, d1, k]
+                for k in range(nl):
+                    q0 = prodm[j, d0, k]
+                    q1 = prodm[j + 1, d1, k]
+                    m2[r, k] = q0 if q0 < q1 else q1
+        for d2 in range(3):
+            for r in range(9):
+                for k in range(nl):
+                    p3[r + 9 * d2, k] = p2[r, k] + prods[j + 2, d2, k]
+                for k in range(nl):
+                    q = prodm[j + 2, d2, k]
+                    mq = m2[r, k]
+                    m3[r + 9 * d2, k] = mq if mq < q else q
+        for d3 in range(3):
+            for r in range(27):
+                u = r + 27 * d3
+                for k in range(nl):
+                    h4[h, u, 0, k] = p3[r, k] + prods[j + 3, d3, k]
+                for k in range(nl):
+                    q = prodm[j + 3, d3, k]
+                    mq = m3[r, k]
+                    h4[h, u, 1, k] = hpf[k] * (mq if mq < q else q)
+    unl = np.uint64(nl)
+    ninf = np.float32(-np.inf)
+    for c in range(acc.shape[0]):
+        for k in range(nl):
+            acc[c, k] = ninf                       # scores may be negative
+            acc[c, nl + k] = 0.0
+        for i in range(cls_start[c], cls_start[c + 1]):
+            o1 = ou[i]
+            o2 = ow[i]
+            fi = np.float32(i)
+            for k in range(nl):
+                uk = np.uint64(k)
+                m = hh[o1 + unl + uk]
+                mm = hh[o2 + unl + uk]
+                v = (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
+                take = v > acc[c, k]               # strict: the first maximum, as numpy's argmax
+                acc[c, k] = v if take else acc[c, k]
+                acc[c, nl + k] = fi if take else acc[c, nl + k]
+
+
+@_jit
+def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
+    """For each class's chosen point (``acc[c, L + k]``): its B (float32 as the reference's
+    ``bvals``) and its energy sum w g^2, as float64 into ``bd`` / ``nn``."""
+    nl = at.shape[1]
+    f0 = np.float32(0.0)
+    for c in range(bd.shape[0]):
+        for k in range(nl):
+            i = np.int64(acc[c, nl + k])
+            g0 = at[0, k] * gt[0, i]
+            g1 = at[1, k] * gt[1, i]
+            g2 = at[2, k] * gt[2, i]
+            g3 = at[3, k] * gt[3, i]
+            g4 = at[4, k] * gt[4, i]
+            g5 = at[5, k] * gt[5, i]
+            g6 = at[6, k] * gt[6, i]
+            g7 = at[7, k] * gt[7, i]
+            mn = min(min(min(g0, g1), min(g2, g3)), min(min(g4, g5), min(g6, g7)))
+            b = ((((g0 + g1) + g2) + g3) + (((g4 + g5) + g6) + g7)) - hpf[k] * mn
+            e = f0
+            for j in range(8):
+                e += wl[j, k] * gsq[j, i]
+            bd[c, k] = b
+            nn[c, k] = e
+
+
+@_jit
+def _free_steps(bd, nn, ns, tstar):
+    """Per sub-block lane m the free step by alternation (as the reference's ``free_steps``)."""
+    ncls = bd.shape[0]
+    for m in range(ns):
+        num = 0.0
+        den = 0.0
+        for h in range(4):
+            k = h * ns + m
+            bg = -1.0
+            bc = 0
+            for c in range(ncls):
+                gv = bd[c, k] * bd[c, k] / nn[c, k] if nn[c, k] > 0.0 else 0.0
+                if gv > bg:
+                    bg = gv
+                    bc = c
+            num += bd[bc, k]
+            den += nn[bc, k]
+        tt = num / den if den > 0.0 else 0.0
+        for _ in range(ALT):
+            num = 0.0
+            den = 0.0
+            for h in range(4):
+                k = h * ns + m
+                _, bc = _min_err(bd, nn, k, tt)
+                num += bd[bc, k]
+                den += nn[bc, k]
+            tt = num / den if den > 0.0 else 0.0
+        tstar[m] = tt
+
+
+@_jit
+def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lsq, lo, hi, cls_start, norm, d_mult, out):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
     # importance (block i uses row i % nq), out [n, 66] u8 zero-filled.
     nblk = xb.shape[0]
@@ -324,6 +462,8 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lo, hi, cls_start, norm, 
     live = np.zeros(nsb, np.bool_)
     unscale = np.ones(nsb)
     prod = np.empty((8, 3, nl), np.float32)
+    prods = np.empty((8, 3, nl), np.float32)
+    htau = np.zeros(nl, np.float32)
     p2 = np.empty((9, nl), np.float32)
     m2 = np.empty((9, nl), np.float32)
     p3 = np.empty((27, nl), np.float32)
@@ -388,42 +528,18 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lo, hi, cls_start, norm, 
                     par += ng
                 sgn[k] = bits
                 hpf[k] = 2.0 if par & 1 else 0.0
-        # 1. class maxima of B, all lanes
-        _class_maxima(at, hpf, lev, ou, ow, cls_start, prod, p2, m2, p3, m3, hh, acc)
-        for c in range(ncls):
+        # 1. class points by B (htau = 0), free steps; then re-scored at those steps, free steps again
+        for k in range(nl):
+            htau[k] = f0
+        _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
+        _class_values(acc, at, wl, hpf, gt, gsq, bd, nn)
+        _free_steps(bd, nn, ns, tstar)
+        for _ in range(PASSES):
             for k in range(nl):
-                bd[c, k] = acc[c, k]
-                i = np.int64(acc[c, nl + k])
-                e = f0
-                for j in range(8):
-                    e += wl[j, k] * gsq[j, i]
-                nn[c, k] = e
-        # 2. free step per sub-block by alternation
-        for m in range(ns):
-            num = 0.0
-            den = 0.0
-            for h in range(4):
-                k = h * ns + m
-                bg = -1.0
-                bc = 0
-                for c in range(ncls):
-                    gv = bd[c, k] * bd[c, k] / nn[c, k] if nn[c, k] > 0.0 else 0.0
-                    if gv > bg:
-                        bg = gv
-                        bc = c
-                num += bd[bc, k]
-                den += nn[bc, k]
-            tt = num / den if den > 0.0 else 0.0
-            for _ in range(ALT):
-                num = 0.0
-                den = 0.0
-                for h in range(4):
-                    k = h * ns + m
-                    _, bc = _min_err(bd, nn, k, tt)
-                    num += bd[bc, k]
-                    den += nn[bc, k]
-                tt = num / den if den > 0.0 else 0.0
-            tstar[m] = tt
+                htau[k] = np.float32(0.5 * tstar[k % ns])
+            _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
+            _class_values(acc, at, wl, hpf, gt, gsq, bd, nn)
+            _free_steps(bd, nn, ns, tstar)
         # 3. d candidates per super-block, then least-squares refinement
         for b in range(nsb):
             tmax = 0.0
@@ -541,5 +657,5 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     t = search_tables()
     xb = x2.reshape(-1, QK)
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
-    _encode_kernel(xb, xb.view(np.uint32), qw, t.gt, t.gsq, t.order, t.lev, t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, out)
+    _encode_kernel(xb, xb.view(np.uint32), qw, t.gt, t.gsq, t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, out)
     return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))

@@ -190,7 +190,7 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
          split_max_size: int | str | None = "48GB", tensor_type=(), target_bpw: float | None = None,
          fallback_type: str | None = None, workers: int | None = None, resume: bool = False, dry_run: bool = False,
          max_disk: int | str | None = None, staging: str | os.PathLike | None = None, keep_source: bool = False,
-         progress: bool = False):
+         report: str | os.PathLike | None = None, progress: bool = False):
     """Write a GGUF file (or splits) that llama.cpp runs (``kimi-k3``; ``deepseek2`` from Kimi K2 /
     DeepSeek-V3), with ``PREFIX.k3ckpt-manifest.json`` beside it (``GGUFResult``; docs/gguf.md).
 
@@ -213,6 +213,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
             space, a time estimate and, with ``max_disk``, whether the budget works.
         max_disk, staging, keep_source: ``hf://`` sources only (as ``requant``): bound staged shards
             plus output, where shards are staged (default ``.k3ckpt-staging`` beside ``out``), keep them.
+        report: folder for the routed experts' ``requant_report.{json,md,svg}`` (default:
+            ``PREFIX-report`` beside ``out``; docs/requant-report.md).
         progress: a tqdm bar on stderr.
     """
     import dataclasses
@@ -227,14 +229,15 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
 
         run = gguf_from_hub(str(src), out, resume=resume, dry_run=dry_run, workers=workers, progress=progress,
                             max_disk=_size(max_disk, "max_disk"), staging=staging, keep_source=keep_source,
-                            **options)
+                            report=report, **options)
         return dataclasses.replace(run.result, hub={**run.facts(), "side_files": list(run.side_files)})
     hub_only = {"max_disk": max_disk, "staging": staging, "keep_source": keep_source}
     if any(hub_only.values()):
         given = ", ".join(k for k, v in hub_only.items() if v)
         raise UsageError(f"{given}: only for an hf:// source; src is a local path")
     with open_source(src) as ckpt:
-        return write_gguf(ckpt, out, workers=workers, resume=resume, dry_run=dry_run, progress=progress, **options)
+        return write_gguf(ckpt, out, workers=workers, resume=resume, dry_run=dry_run, report=report,
+                          progress=progress, **options)
 
 
 @_for_python

@@ -40,7 +40,9 @@ def test_splits_are_written_and_read_back(k3_tiny, tmp_path):
     assert p.returncode == 0, p.stderr
     files = sorted(f for f in tmp_path.iterdir() if f.suffix == ".gguf")
     assert [f.name for f in files] == [f"k3-{i:05d}-of-{len(files):05d}.gguf" for i in range(1, len(files) + 1)]
-    assert sorted(f.name for f in tmp_path.iterdir() if f not in files) == ["k3.k3ckpt-manifest.json"]
+    assert sorted(f.name for f in tmp_path.iterdir() if f not in files) == \
+        ["k3-report", "k3.k3ckpt-manifest.json", "k3.k3ckpt-results"]
+    assert "routed experts: SNR inf dB against the source" in p.stdout      # a lossless repack
     assert len(files) > 1 and f"first file: {files[0]}" in p.stdout
     assert sum(len(gguf.GGUFReader(f).tensors) for f in files) == 107
     again = run(k3_tiny, tmp_path / "k3.gguf", "--expert-type", "MXFP4", "--split-max-size", "2MB")

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 
-from k3ckpt.errors import UnsupportedError
+from k3ckpt.errors import ShapeError, UnsupportedError
 from k3ckpt.gguf import container as C
 from k3ckpt.gguf import gpt_oss
 from k3ckpt.gguf.convert import write_gguf
@@ -152,6 +152,16 @@ def test_q8_0_experts_are_the_gguf_quantizer_on_the_decoded_codes(ckpt, tmp_path
     x = "model.layers.0.mlp.experts.gate_up_proj"
     up = decode_pair_ref(blocks_to_packed(ckpt.read_raw(x + "_blocks")[:, 1::2]), ckpt.read_raw(x + "_scales")[:, 1::2])
     assert t.data.tobytes() == gguf.quants.quantize(up, gguf.GGMLQuantizationType.Q8_0).tobytes()
+
+
+def test_iq2_xs_is_refused_before_anything_is_written(ckpt, tmp_path):
+    """gpt-oss's rows (2880 in the real model, 160 here) hold 32-blocks, not IQ2_XS's 256."""
+    with pytest.raises(ShapeError) as err:
+        write_gguf(ckpt, tmp_path / "x.gguf", expert_type="iq2_xs")
+    line = str(err.value)
+    assert "\n" not in line and "ffn_" in line and "_exps.weight" in line
+    assert "rows of 160 values" in line and "mxfp4" in line and "q8_0" in line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_what_llama_cpp_would_run_differently_is_refused(ckpt):

@@ -88,7 +88,13 @@ def test_k3_from_the_hub_is_the_local_file(client, local_k3, k3_tiny, work, work
     assert {"tiktoken.model", "tokenizer_config.json", "config.json"} <= set(run.side_files)
     m = M.GGUFManifest.load(work / "k3.k3ckpt-manifest.json")
     assert m.source_commit == run.commit and m.source["repo_id"] == K3 and m.state == "complete"
-    assert sorted(p.name for p in work.iterdir()) == sorted([*local_k3, "k3.k3ckpt-manifest.json"])
+    assert sorted(p.name for p in work.iterdir()) == sorted([*local_k3, "k3.k3ckpt-manifest.json",
+                                                             "k3.k3ckpt-results", "k3-report"])
+    from k3ckpt.requant.report import load_report
+
+    report = load_report(run.result.report)
+    assert (report.meta.source, report.meta.source_commit) == (f"hf://{K3}", run.commit)
+    assert len(report.tensors) == 3 * 3 * 8
 
 
 def test_k2_from_the_hub_is_the_local_file(client, kimi_k2_tiny, work):

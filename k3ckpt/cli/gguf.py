@@ -40,21 +40,24 @@ from .source import hub_option, source_argument
 @click.option("--staging", default=None, metavar="DIR",
               help="hf:// source: download shards here (default .k3ckpt-staging beside OUT).")
 @click.option("--keep-source", is_flag=True, help="hf:// source: keep the downloaded shards.")
+@click.option("--report", "report", default=None, metavar="DIR",
+              help="Folder for the routed experts' requant_report.{json,md,svg} (default: PREFIX-report beside OUT).")
 @click.option("--dry-run", is_flag=True,
               help="Print the files, types, bytes, free space and a time estimate; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_type, split_max_size, workers, resume,
-            max_disk, staging, keep_source, dry_run, as_json, quiet):
+            max_disk, staging, keep_source, report, dry_run, as_json, quiet):
     """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
-    model; Kimi K2 / DeepSeek-V3 (block FP8) as deepseek2.
+    model; Kimi K2 / DeepSeek-V3 (block FP8, K2-Thinking's INT4) as deepseek2; gpt-oss (MXFP4).
 
     Tensor names, shapes, types and metadata are those llama.cpp's own converter
     writes (vision tower skipped); routed experts are stacked per layer and
     written one expert at a time, MXFP4 experts repacked losslessly (mxfp4) or
     requantized by k3ckpt's encoder (iq2_xs) in --workers processes, FP8
-    decoded tensor by tensor. The vocabulary comes from the folder's
-    tiktoken.model and tokenizer_config.json; no remote code runs. An hf://
+    and INT4 decoded tensor by tensor. Each expert's error against the source
+    goes into an error report (--report). The vocabulary comes from the
+    folder's tiktoken.model or tokenizer.json; no remote code runs. An hf://
     SRC is downloaded shard by shard and each shard deleted once written.
     PREFIX.k3ckpt-manifest.json beside OUT records each file's sha256
     (`k3ckpt verify OUT`) and lets --resume continue a run.
@@ -75,8 +78,8 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
     size = None if split_max_size.strip().lower() == "none" else parse_size(split_max_size, "--split-max-size")
     result = api.gguf(src, out, expert_type=expert_type, outtype=outtype, split_max_size=size,
                       tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type, workers=workers,
-                      resume=resume, dry_run=dry_run, progress=not quiet and not dry_run and sys.stderr.isatty(),
-                      **stage)
+                      resume=resume, dry_run=dry_run, report=report,
+                      progress=not quiet and not dry_run and sys.stderr.isatty(), **stage)
     if as_json:
         echo_json(result.to_dict())
         return
@@ -103,6 +106,11 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
     else:
         done = f", {len(result.resumed)} kept from an earlier run" if result.resumed else ""
         click.echo(f"{result.seconds:.1f} s with {result.workers} worker(s){done}; manifest: {result.manifest}")
+        if result.report is not None:
+            from ..requant.report_render import fmt_db
+
+            click.echo(f"routed experts: SNR {fmt_db(result.snr_db)} dB against the source; "
+                       f"report: {result.report}/requant_report.md")
     if result.budget is not None:
         click.echo(result.budget["message"])
     if result.hub is not None and not dry_run:

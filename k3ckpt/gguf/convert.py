@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UnsupportedError, UsageError
+from ..requant.results import _float_out
 from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0
 from .vocab import tokenizer_metadata  # noqa: F401  (re-exported: the vocabulary keys of a folder)
 
@@ -53,6 +54,8 @@ class GGUFResult:
     manifest: Path | None = None       # PREFIX.k3ckpt-manifest.json beside the output
     hub: dict | None = field(default=None, repr=False)      # hf:// sources: pinned source, staging figures
     budget: dict | None = field(default=None, repr=False)   # hf:// with --max-disk: need, ok, message
+    report: Path | None = None         # folder of requant_report.{json,md,svg}: the routed experts' error
+    snr_db: float | None = None        # the routed experts' pooled SNR against the source values
 
     def __repr__(self) -> str:
         verb = "would write" if self.dry_run else "wrote"
@@ -66,7 +69,9 @@ class GGUFResult:
                 "seconds": self.seconds, "workers": self.workers, "estimated_seconds": self.estimated_seconds,
                 "estimate": self.estimate.to_dict() if self.estimate is not None else None,
                 "manifest": str(self.manifest) if self.manifest is not None else None,
-                "hub": self.hub, "max_disk": self.budget}
+                "hub": self.hub, "max_disk": self.budget,
+                "report": str(self.report) if self.report is not None else None,
+                "snr_db": _float_out(self.snr_db) if self.snr_db is not None else None}
 
 
 def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None, tensor_type=(),
@@ -107,7 +112,8 @@ def plan_gguf(ckpt, **options):
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
                split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False, progress: bool = False,
                resume: bool = False, workers: int | None = 1, tensor_type=(), target_bpw: float | None = None,
-               fallback_type: str | None = None, vocab_dir: str | os.PathLike | None = None) -> GGUFResult:
+               fallback_type: str | None = None, vocab_dir: str | os.PathLike | None = None,
+               report: str | os.PathLike | None = None) -> GGUFResult:
     """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``, with its manifest beside it
     (``run``: resumable split by split, experts encoded by ``workers`` processes; the bytes depend on
     neither).  ``dry_run``: the files, tensors and bytes it would write, the free space and a time
@@ -125,4 +131,4 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
                    measure=not dry_run, progress=progress)
     if dry_run:
         return dry_result(job, estimate(view, job, n))
-    return run_job(view, job, resume=resume, workers=n, progress=progress)
+    return run_job(view, job, resume=resume, workers=n, report=report, progress=progress)

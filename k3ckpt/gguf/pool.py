@@ -45,6 +45,13 @@ def expert_bytes(ckpt, p: Planned, e: int) -> bytes:
     return b"".join(tensor_pieces(ckpt, one_expert(p, e)))
 
 
+def measured(ckpt, p: Planned, e: int, *, measure: bool):
+    """Expert ``e`` of ``p`` (``produce.ExpertPiece``; with ``measure``, its report row)."""
+    from .produce import expert_piece
+
+    return expert_piece(ckpt, one_expert(p, e), 0, measure=measure, number=e)
+
+
 class SourceFiles:
     """Where a worker process reads source tensors, staging ``hf://`` shards on the way.
 
@@ -106,11 +113,14 @@ class _Arrays:
         pass
 
 
-def run_task(p: Planned, entries: dict | None, arrays: dict | None) -> bytes:
-    """Pool entry point: one expert's bytes (``p`` is ``one_expert``'s plan)."""
+def run_task(p: Planned, number: int, entries: dict | None, arrays: dict | None, measure: bool):
+    """Pool entry point: one expert's ``produce.ExpertPiece`` (``p`` is ``one_expert``'s plan of
+    expert ``number``)."""
+    from .produce import expert_piece
+
     src = _FileTensors(entries) if entries is not None else _Arrays(arrays)
     try:
-        return expert_bytes(src, p, 0)
+        return expert_piece(src, p, 0, measure=measure, number=number)
     finally:
         src.close()
 
@@ -130,12 +140,14 @@ def _lost(name: str) -> WorkerLostError:
 class ExpertRunner:
     """Experts of consecutive expert tensors, computed ahead by ``workers`` processes.
 
-    ``run(tensors)`` yields ``(planned, expert, bytes)`` in order for every expert of ``tensors``
-    (a run of expert tensors that come one after another in the file)."""
+    ``run(tensors)`` yields ``(planned, expert, ExpertPiece)`` in order for every expert of ``tensors``
+    (a run of expert tensors that come one after another in the file); ``measure``: each piece
+    carries its report row."""
 
-    def __init__(self, ckpt, workers: int):
+    def __init__(self, ckpt, workers: int, *, measure: bool = False):
         self.files = SourceFiles(ckpt)
         self.workers = workers
+        self.measure = measure
         self._pool = None
 
     def _executor(self):
@@ -165,7 +177,7 @@ class ExpertRunner:
             if entries is None:
                 arrays = {n: self.files.ckpt.read_raw(n) for n in sub.recipe.sources}
             try:
-                future = self._executor().submit(run_task, sub, entries, arrays)
+                future = self._executor().submit(run_task, sub, e, entries, arrays, self.measure)
             except BrokenProcessPool:
                 raise _lost(p.info.name) from None
             pending.append((p, e, shards, future))

@@ -169,9 +169,10 @@ class ExpertPiece:
 PROJECTIONS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down", "ffn_gate_up_exps": "gate_up"}
 
 
-def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False) -> ExpertPiece:
+def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False, number: int | None = None) -> ExpertPiece:
     """Expert ``expert`` of planned expert tensor ``p``; ``measure``: also its error against the
-    source values (decoded MXFP4 / FP8 / INT4, or the float weights), from our bytes decoded back."""
+    source values (decoded MXFP4 / FP8 / INT4, or the float weights), from our bytes decoded back.
+    ``number``: the expert's number in the report when ``p`` is a one-expert cut of its tensor."""
     r, t = p.recipe, p.info.ggml_type
     if r.rows:                                       # gpt-oss: every expert in one fused tensor
         srcs = r.sources
@@ -187,10 +188,16 @@ def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False) -> Exp
     from ..requant.worker import _error
 
     stats, row_bias = _error(ref, decode_ggml(data, t, p.info.shape[1:]))
-    name = srcs[0].removesuffix("_packed").removesuffix("_blocks")   # the source's weight, as requant names it
+    projection = PROJECTIONS.get(p.info.name.split(".")[2])
+    if r.rows:
+        number = r.first + expert if number is None else number
+        name = f"{srcs[0].removesuffix('_blocks')}.{number}.{projection}"    # one fused tensor holds them all
+    else:
+        number = expert if number is None else number
+        name = srcs[0].removesuffix("_packed")      # the source's weight, as requant reports name it
     zeros = float(np.count_nonzero(ref == 0)) / ref.size if ref.size else 0.0
     return ExpertPiece(expert, data, TensorResult(
-        name=name, layer=p.layer, expert=expert, projection=PROJECTIONS.get(p.info.name.split(".")[2]),
+        name=name, layer=p.layer, expert=number, projection=projection,
         format=f"gguf-{type_name(t).lower()}", method=None, params=int(ref.size), bytes=len(data), stats=stats,
         max_row_bias=row_bias, source_zero_fraction=zeros, code_histogram=(), scale_changes=None))
 

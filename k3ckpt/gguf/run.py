@@ -254,6 +254,56 @@ def estimate(ckpt, job: Job, workers: int) -> Estimate:
 # -- the run ----------------------------------------------------------------------------------
 
 
+def results_dir(out: str | os.PathLike) -> Path:
+    """``PREFIX.k3ckpt-results/``: each finished split's report rows, so a resumed run's report is whole."""
+    return manifest_path(out).with_name(manifest_path(out).name.replace("-manifest.json", "-results"))
+
+
+def default_report_dir(out: str | os.PathLike) -> Path:
+    """``PREFIX-report/`` beside OUT: ``requant_report.{json,md,svg}`` of the routed experts."""
+    from .manifest import prefix_of
+
+    return Path(out).with_name(prefix_of(out) + "-report")
+
+
+def _save_rows(folder: Path, split: str, rows: list) -> None:
+    import json
+
+    from ..io.writer import atomic_write_bytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / (split + ".json"),
+                       json.dumps([r.to_dict() for r in rows], allow_nan=False).encode("utf-8"))
+
+
+def _load_rows(folder: Path, split: str) -> list:
+    import json
+
+    from ..errors import InvalidFileError
+    from ..requant.results import TensorResult
+
+    path = folder / (split + ".json")
+    try:
+        return [TensorResult.from_dict(d) for d in json.loads(path.read_text())]
+    except FileNotFoundError:
+        raise InvalidFileError(f"cannot resume: {path.name} (the report rows of finished split {split}) is "
+                               f"missing from {folder.name}; rerun without --resume") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise InvalidFileError(f"cannot resume: {path} is damaged ({e}); rerun without --resume") from None
+
+
+def _report(ckpt, job: Job, rows: list, folder: Path):
+    """(report folder, the experts' pooled SNR)."""
+    from ..requant.report import ReportMeta, build_report, write_report
+
+    hub = job.source.get("repo_id")
+    source = f"hf://{hub}" if hub else str(ckpt.root)
+    meta = ReportMeta(source=source, source_commit=job.source.get("commit"), options=dict(job.options))
+    report = build_report(sorted(rows, key=lambda r: (r.layer or 0, r.projection or "", r.expert or 0)), meta)
+    write_report(report, folder)
+    return folder, report.overall.snr_db
+
+
 def output_files(job: Job) -> list[Path]:
     """Every file a run writes or may leave: the splits, their partial files, the manifest."""
     out = [manifest_path(job.out)]
@@ -262,15 +312,16 @@ def output_files(job: Job) -> list[Path]:
     return out
 
 
-def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1,
+def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: str | os.PathLike | None = None,
             progress: bool = False, after_tensor: Callable[[int], None] | None = None):
-    """Write ``job``'s files (module docstring); ``after_tensor(i)`` is called once planned tensor
+    """Write ``job``'s files (module docstring) and the routed experts' error report (``report``:
+    its folder, default ``default_report_dir``); ``after_tensor(i)`` is called once planned tensor
     ``i`` is written (or kept from an earlier run), so a staged source can release what only it read."""
     from tqdm import tqdm
 
     from ..io.writer import free_space_for
     from .convert import GGUFResult
-    from .produce import tensor_pieces
+    from .produce import expert_piece, tensor_pieces
     from .writer import GGUFWriter
 
     t0 = time.perf_counter()
@@ -281,8 +332,14 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1,
     done = [n for n in manifest.done_splits() if n in sizes] if resume else []
     free_space_for(out, job.total_size - sum(sizes[n] for n in done))
     writer = None
+    rows_dir = results_dir(out)
+    in_split = {path.name: [t.name for t in lay.tensors] for path, lay in job.files}
+    rows: dict[str, list] = {}          # GGUF expert tensor -> its experts' report rows
+    kept_rows = [r for n in done for r in _load_rows(rows_dir, n)]
 
     def final(path: Path) -> None:
+        # the split's report rows first: once the manifest lists it, a resume reads them back
+        _save_rows(rows_dir, path.name, [r for t in in_split[path.name] for r in rows.get(t, ())])
         manifest.record(path.name, writer.sha256[path.name])
 
     writer = GGUFWriter(out, job.kvs, [p.info for p in job.planned], split_max_bytes=job.split_max_bytes,
@@ -297,7 +354,7 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1,
         if first is not None and _iq2xs_cold():
             # compiled here once and cached (about 33 s), not by every worker at once on a first run
             _timed(ckpt, first, 1)
-        runner = ExpertRunner(ckpt, workers)
+        runner = ExpertRunner(ckpt, workers, measure=True)
     kept = sum(sizes[n] for n in done)
     try:
         with writer, tqdm(total=job.total_size, initial=kept, unit="B", unit_scale=True, desc="gguf",
@@ -315,25 +372,37 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1,
                             and writer.needs(planned[j].info.name):
                         j += 1
                     index = {q.info.name: i + n for n, q in enumerate(planned[i:j])}
-                    for q, e, data in runner.run(list(planned[i:j])):
-                        writer.write(q.info.name, data)
-                        bar.update(len(data))
+                    for q, e, piece in runner.run(list(planned[i:j])):
+                        rows.setdefault(q.info.name, []).append(piece.result)
+                        writer.write(q.info.name, piece.data)
+                        bar.update(len(piece.data))
                         if e == q.recipe.arg - 1:
                             after(index[q.info.name])
                     i = j
                     continue
-                for piece in tensor_pieces(ckpt, p):
-                    writer.write(p.info.name, piece)
-                    bar.update(len(piece))
+                if p.recipe.kind == "experts":
+                    for e in range(p.recipe.arg):
+                        piece = expert_piece(ckpt, p, e, measure=True)
+                        rows.setdefault(p.info.name, []).append(piece.result)
+                        writer.write(p.info.name, piece.data)
+                        bar.update(len(piece.data))
+                else:
+                    for data in tensor_pieces(ckpt, p):
+                        writer.write(p.info.name, data)
+                        bar.update(len(data))
                 after(i)
                 i += 1
     finally:
         if runner is not None:
             runner.close()
+    every = kept_rows + [r for t in rows.values() for r in t]
+    report_dir, snr = _report(ckpt, job, every, Path(report) if report is not None else default_report_dir(out)) \
+        if every else (None, None)
     seconds = time.perf_counter() - t0
     manifest.finish(splits=len(job.files), tensors=len(planned), bytes=job.total_size, seconds=round(seconds, 3))
     return GGUFResult(job.paths, len(planned), job.total_size, job.bytes_by_type(), job.skipped,
-                      resumed=tuple(done), seconds=seconds, workers=workers, manifest=manifest.path)
+                      resumed=tuple(done), seconds=seconds, workers=workers, manifest=manifest.path,
+                      report=report_dir, snr_db=snr)
 
 
 def resolve_workers(workers: int | None) -> int:

@@ -247,6 +247,7 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
     from .url import parse_hub_url
 
     stage = _stage_kw(options)
+    report = options.pop("report", None)
     stage.pop("window", None)
     out = Path(out)
     n = resolve_workers(workers)
@@ -296,7 +297,8 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
                 for shard in last.get(i, ()):
                     win.release(shard)
 
-            result = run_job(view, job, resume=resume, workers=n, progress=progress, after_tensor=after)
+            result = run_job(view, job, resume=resume, workers=n, report=report, progress=progress,
+                             after_tensor=after)
             if not win.stager.keep:
                 _remove_side_files(folder, side)
             ckpt.finish()

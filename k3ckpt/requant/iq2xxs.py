@@ -16,10 +16,10 @@ square, all-ones importance when none is given).  Per super-block:
    where ``w a g`` is least); the error at step ``t`` is
    ``sum w a^2 + t (t N_g - 2 B_g)``, ``N_g = sum w g^2``.  The grid's 256
    points fall into 12 classes of equal ``|g|^2``; per class one point is kept
-   with its own ``B`` and ``N``: the one with the largest ``B`` (exact when a
-   group's weights are equal), and after step 2, once more, the one with the
-   largest ``B - t* N / 2`` at its sub-block's step (``PASSES``).  The pass
-   over the points (``_class_scores``) has the SIMD-lane layout of
+   with its own ``B`` and ``N``: the one with the largest ``B - t0 N / 2`` at
+   an expected step ``t0 = C_TAU * sqrt(sum w a^2 / sum w)`` of its sub-block
+   (the largest ``B`` when a group's weights are equal).  The pass over the
+   points (``_class_scores``) has the SIMD-lane layout of
    ``requant.iq2xs._class_maxima``.
 2. Per sub-block of 4 groups: a free step ``t*``: classes by their best gain
    ``B^2 / N``, then ``ALT`` rounds of the least-squares ``t`` for the chosen
@@ -53,7 +53,7 @@ from ..errors import NaNScaleError, ShapeError
 from .iq2xs import _f16_bits_nb, _jit, _round_f16_nb, round_f16
 from .q2_k import check_imatrix
 
-__all__ = ["ALT", "D_MULT", "LS_STEPS", "PASSES", "encode", "encode_reference", "search_tables"]
+__all__ = ["ALT", "C_TAU", "D_MULT", "LS_STEPS", "encode", "encode_reference", "search_tables"]
 
 QK = 256
 BLOCK_BYTES = 66
@@ -61,7 +61,10 @@ TINY = 2.0 ** -24
 D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
 ALT = 2
 LS_STEPS = 2
-PASSES = 1                    # class points re-scored at the sub-blocks' steps
+# Class points are scored as B - (t/2) N at an expected step t = C_TAU * the sub-block's weighted RMS
+# magnitude (the median of t* / RMS on Gaussian and Student-t data).
+C_TAU = 0.0366
+HALF_TAU = np.float32(0.5 * C_TAU)
 D_MULT.flags.writeable = False
 SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
 
@@ -192,7 +195,7 @@ def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
         den = _seq(nn[4 * m + h, cls[h]] for h in range(4))
         return num / den if den > 0.0 else 0.0
 
-    # 2. free step per sub-block by alternation; then the class points again, scored at that step
+    # 2. class points scored at the expected step, then the free step per sub-block by alternation
     def free_steps():
         tstar = np.zeros(8)
         for m in range(8):
@@ -207,11 +210,12 @@ def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
             tstar[m] = tt
         return tstar
 
-    barg, bd, nn = classes(np.zeros(32, np.float32))
+    gwa = _rowsum32(p * a.reshape(32, 8)).reshape(8, 4)             # sum w a^2 per group
+    gw = _rowsum32(w).reshape(8, 4)
+    s1, s2 = _rowsum32(gwa), _rowsum32(gw)                          # per sub-block, groups in order
+    rms = np.where(s2 > f0, np.sqrt(s1 / np.where(s2 > f0, s2, np.float32(1.0))), f0).astype(np.float32)
+    barg, bd, nn = classes(np.repeat(HALF_TAU * rms, 4).astype(np.float32))
     tstar = free_steps()
-    for _ in range(PASSES):
-        barg, bd, nn = classes(np.repeat(0.5 * tstar, 4).astype(np.float32))
-        tstar = free_steps()
 
     def eval_d(dn):
         u = dn * 0.25
@@ -310,8 +314,8 @@ def _min_err(bd, nn, k, tt):
     """Least class error t (t N - 2 B) of lane ``k`` at step ``tt`` and its first class."""
     be = np.inf
     bc = 0
-    for c in range(bd.shape[0]):
-        v = tt * (tt * nn[c, k] - 2.0 * bd[c, k])
+    for c in range(bd.shape[1]):
+        v = tt * (tt * nn[k, c] - 2.0 * bd[k, c])
         if v < be:
             be = v
             bc = c
@@ -386,7 +390,7 @@ def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
     ``bvals``) and its energy sum w g^2, as float64 into ``bd`` / ``nn``."""
     nl = at.shape[1]
     f0 = np.float32(0.0)
-    for c in range(bd.shape[0]):
+    for c in range(bd.shape[1]):
         for k in range(nl):
             i = np.int64(acc[c, nl + k])
             g0 = at[0, k] * gt[0, i]
@@ -402,14 +406,14 @@ def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
             e = f0
             for j in range(8):
                 e += wl[j, k] * gsq[j, i]
-            bd[c, k] = b
-            nn[c, k] = e
+            bd[k, c] = b
+            nn[k, c] = e
 
 
 @_jit
 def _free_steps(bd, nn, ns, tstar):
     """Per sub-block lane m the free step by alternation (as the reference's ``free_steps``)."""
-    ncls = bd.shape[0]
+    ncls = bd.shape[1]
     for m in range(ns):
         num = 0.0
         den = 0.0
@@ -418,12 +422,12 @@ def _free_steps(bd, nn, ns, tstar):
             bg = -1.0
             bc = 0
             for c in range(ncls):
-                gv = bd[c, k] * bd[c, k] / nn[c, k] if nn[c, k] > 0.0 else 0.0
+                gv = bd[k, c] * bd[k, c] / nn[k, c] if nn[k, c] > 0.0 else 0.0
                 if gv > bg:
                     bg = gv
                     bc = c
-            num += bd[bc, k]
-            den += nn[bc, k]
+            num += bd[k, bc]
+            den += nn[k, bc]
         tt = num / den if den > 0.0 else 0.0
         for _ in range(ALT):
             num = 0.0
@@ -431,8 +435,8 @@ def _free_steps(bd, nn, ns, tstar):
             for h in range(4):
                 k = h * ns + m
                 _, bc = _min_err(bd, nn, k, tt)
-                num += bd[bc, k]
-                den += nn[bc, k]
+                num += bd[k, bc]
+                den += nn[k, bc]
             tt = num / den if den > 0.0 else 0.0
         tstar[m] = tt
 
@@ -464,14 +468,16 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lsq, lo, hi, cls_start, n
     prod = np.empty((8, 3, nl), np.float32)
     prods = np.empty((8, 3, nl), np.float32)
     htau = np.zeros(nl, np.float32)
+    gwa = np.zeros(nl, np.float32)
+    gws = np.zeros(nl, np.float32)
     p2 = np.empty((9, nl), np.float32)
     m2 = np.empty((9, nl), np.float32)
     p3 = np.empty((27, nl), np.float32)
     m3 = np.empty((27, nl), np.float32)
     hh = np.empty(162 * 2 * nl, np.float32)
     acc = np.empty((ncls, 2 * nl), np.float32)
-    bd = np.empty((ncls, nl))
-    nn = np.empty((ncls, nl))
+    bd = np.empty((nl, ncls))             # per lane, its classes contiguous (the scalar loops run over c)
+    nn = np.empty((nl, ncls))
     tstar = np.zeros(ns)
     cls = np.zeros(4, np.int64)
     s_try = np.zeros(ns, np.int64)
@@ -518,28 +524,36 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lsq, lo, hi, cls_start, n
                 k = (g & 3) * ns + 8 * b + (g >> 2)
                 bits = 0
                 par = 0
+                swa = f0
+                sw = f0
                 for j in range(8):
                     v = xs[b, 8 * g + j]
                     wv = ws[b, 8 * g + j] * np.sqrt(sigma2 + v * v)
                     wl[j, k] = wv
-                    at[j, k] = wv * abs(v)
+                    pv = wv * abs(v)
+                    at[j, k] = pv
+                    swa += pv * abs(v)
+                    sw += wv
                     ng = np.int64(sbits[blk, 8 * g + j] >> 31) if live[b] else np.int64(0)
                     bits |= ng << j
                     par += ng
                 sgn[k] = bits
                 hpf[k] = 2.0 if par & 1 else 0.0
-        # 1. class points by B (htau = 0), free steps; then re-scored at those steps, free steps again
-        for k in range(nl):
-            htau[k] = f0
+                gwa[k] = swa
+                gws[k] = sw
+        # 1. class points scored at each sub-block's expected step; 2. free steps by alternation
+        for m in range(ns):
+            s1 = f0
+            s2 = f0
+            for h in range(4):
+                s1 += gwa[h * ns + m]
+                s2 += gws[h * ns + m]
+            rms = np.sqrt(s1 / (s2 if s2 > f0 else np.float32(1.0))) if s2 > f0 else f0
+            for h in range(4):
+                htau[h * ns + m] = HALF_TAU * rms
         _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
         _class_values(acc, at, wl, hpf, gt, gsq, bd, nn)
         _free_steps(bd, nn, ns, tstar)
-        for _ in range(PASSES):
-            for k in range(nl):
-                htau[k] = np.float32(0.5 * tstar[k % ns])
-            _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
-            _class_values(acc, at, wl, hpf, gt, gsq, bd, nn)
-            _free_steps(bd, nn, ns, tstar)
         # 3. d candidates per super-block, then least-squares refinement
         for b in range(nsb):
             tmax = 0.0
@@ -573,8 +587,8 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lsq, lo, hi, cls_start, n
                     for h in range(4):
                         k = h * ns + m
                         _, bc = _min_err(bd, nn, k, tt)
-                        sb += bd[bc, k]
-                        sn += nn[bc, k]
+                        sb += bd[k, bc]
+                        sn += nn[k, bc]
                     num += hv * sb
                     den += hv * hv * sn
                 if not den > 0.0:

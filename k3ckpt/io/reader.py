@@ -448,8 +448,10 @@ def _columns_agree(index: IndexColumns, shards: list[str], headers: dict[str, He
     hk = hkey[horder]
     if not np.array_equal(ikey[iorder], hk) or (hk[1:] == hk[:-1]).any():
         return False   # a difference, or two names of a shard with one key: the dict comparison decides
-    return bool(same_texts(np.frombuffer(index.raw, dtype=np.uint8), index.pairs[iorder, 0], index.pairs[iorder, 1],
-                           held, starts[horder], ends[horder]))
+    listed = np.empty_like(iorder)   # the index entry paired with each header name, in header order
+    listed[horder] = iorder
+    return bool(same_texts(np.frombuffer(index.raw, dtype=np.uint8), index.pairs[listed, 0], index.pairs[listed, 1],
+                           held, starts, ends))
 
 
 def _explain_mismatch(shards, headers, weight_map, *, root, index_source) -> None:

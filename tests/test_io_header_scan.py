@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -286,6 +287,31 @@ def test_index_check_agrees_on_the_packaged_k3_names(tmp_path, monkeypatch):
     strict, _ = _open_outcome(tmp_path / "ck", monkeypatch, plain=False)
     fast, took_columns = _open_outcome(tmp_path / "ck", monkeypatch, plain=True)
     assert took_columns and fast == strict and len(strict[0]) == len(names)
+
+
+def test_index_check_with_a_header_the_strict_parser_read(tmp_path, monkeypatch):
+    """One header spells a name with a JSON escape (the strict parser reads it), the
+    others are plain: the columns check joins that header's names and still decides."""
+    from k3ckpt.io import reader
+
+    _checkpoint(tmp_path / "ck", {_S1: _A, _S2: _B}, _AGREE)
+    shard = tmp_path / "ck" / _S2
+    blob = shard.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    js = blob[8: 8 + n].replace(b'"lm_head.weight"', b'"lm\\u005fhead.weight"')
+    shard.write_bytes(struct.pack("<Q", len(js)) + js + blob[8 + n:])
+    monkeypatch.setattr(H, "_PLAIN_SCAN_MIN", 0)
+    calls = []
+    real = reader._shard_table
+    monkeypatch.setattr(reader, "_shard_table", lambda headers: calls.append(1) or real(headers))
+    with reader.open_checkpoint(tmp_path / "ck") as ck:
+        assert type(ck.headers[_S2].tensors) is dict and "lm_head.weight" in ck.tensors
+        assert ck.tensors["lm_head.weight"].shard == _S2
+    assert calls == [1]   # the lookup above built the table; the check did not need it
+    _checkpoint(tmp_path / "ck2", {_S1: _A, _S2: _B}, {**_AGREE, "lm_head.weight": _S1})
+    (tmp_path / "ck2" / _S2).write_bytes(shard.read_bytes())
+    with pytest.raises(K3ckptError, match="index lists it in shard"):
+        reader.open_checkpoint(tmp_path / "ck2")
 
 
 def test_index_check_decides_agreement_without_the_dict_path(tmp_path, monkeypatch):

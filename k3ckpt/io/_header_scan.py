@@ -23,7 +23,6 @@ member as a byte span parsed strictly (they are small).
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import numpy as np
@@ -237,13 +236,15 @@ def _names_blob(buf, starts, ends):
 def scan_header(buf):
     """A plain header's columns: (spans [n, 8] int64, metadata (start, end) or
     (-1, -1), names joined by newlines, kind id per tensor, first tensor of
-    each kind); metadata is (-2, -2) and the rest empty when the header is not plain."""
+    each kind, a 64-bit hash of each name); metadata is (-2, -2) and the rest
+    empty when the header is not plain."""
     spans, meta = _scan(buf)
     if meta[0] == -2:
         empty = np.empty(0, dtype=np.int64)
-        return spans, meta, np.empty(0, dtype=np.uint8), empty, empty
+        return spans, meta, np.empty(0, dtype=np.uint8), empty, empty, np.empty(0, dtype=np.uint64)
     kind, first = span_ids(buf, spans[:, DTYPE_S], spans[:, SHAPE_E])
-    return spans, meta, _names_blob(buf, spans[:, NAME_S], spans[:, NAME_E]), kind, first
+    names = _names_blob(buf, spans[:, NAME_S], spans[:, NAME_E])
+    return spans, meta, names, kind, first, _hashes(buf, spans[:, NAME_S], spans[:, NAME_E])
 
 
 @njit
@@ -487,8 +488,8 @@ def _equal(x, a0, a1, y, b0, b1):
 
 
 @njit
-def name_spans(names):
-    """(start, end, 64-bit hash) of each name in ``names``, names joined by newlines."""
+def line_spans(names):
+    """(start, end) of each name in ``names``, names joined by newlines."""
     L = names.shape[0]
     n = 1
     for i in range(L):
@@ -496,14 +497,21 @@ def name_spans(names):
             n += 1
     starts = np.empty(n, dtype=np.int64)
     ends = np.empty(n, dtype=np.int64)
-    a = 0
-    for k in range(n):
-        b = a
-        while b < L and names[b] != 10:
-            b += 1
-        starts[k] = a
-        ends[k] = b
-        a = b + 1
+    k = 0
+    starts[0] = 0
+    for i in range(L):
+        if names[i] == 10:
+            ends[k] = i
+            k += 1
+            starts[k] = i + 1
+    ends[k] = L
+    return starts, ends
+
+
+@njit
+def name_spans(names):
+    """(start, end, 64-bit hash) of each name in ``names``, names joined by newlines."""
+    starts, ends = line_spans(names)
     return starts, ends, _hashes(names, starts, ends)
 
 
@@ -527,7 +535,7 @@ def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tupl
     and the strict parser decides (and names the problem)."""
     if not raw.isascii():
         return None
-    spans, meta, blob, kind_of, first = scan_header(np.frombuffer(raw, dtype=np.uint8))
+    spans, meta, blob, kind_of, first, hashes = scan_header(np.frombuffer(raw, dtype=np.uint8))
     if meta[0] == -2 or len(spans) < 2:
         return None
     kinds = []
@@ -556,18 +564,18 @@ def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tupl
     renum[by_first] = np.arange(len(by_first))
     k = renum[k]
     canon = [canon[i] for i in by_first.tolist()]
-    names = blob.tobytes().decode("ascii").split("\n")
-    if not np.array_equal(order, np.arange(len(order))):   # writers mostly list tensors in offset order
-        names = list(operator.itemgetter(*order.tolist())(names))
-    if len(set(names)) != len(names):   # a repeated name: the strict parser names it
-        return None
+    ordered = np.sort(hashes)
+    if (ordered[1:] == ordered[:-1]).any():
+        return None   # distinct hashes prove distinct names; a repeat (or a collision) goes to the strict parser
     metadata: dict[str, str] = {}
     if meta[0] >= 0:
         try:
             metadata = _parse_metadata(loads_strict(raw[meta[0]: meta[1]], source=source), source=source)
         except InvalidFileError:
             return None
-    return HeaderTensors(names, canon, k, b, e), metadata, (canon, k), int(e[-1])
+    in_order = np.array_equal(order, np.arange(len(order)))   # writers mostly list tensors in offset order
+    tensors = HeaderTensors(blob, None if in_order else order, canon, k, b, e, hashes)
+    return tensors, metadata, (canon, k), int(e[-1])
 
 
 def _check_kinds(kinds: list[tuple[str, tuple[int, ...]]], kind_of: np.ndarray

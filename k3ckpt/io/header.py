@@ -79,26 +79,51 @@ class TensorInfo(NamedTuple):
 
 class HeaderTensors(Mapping[str, TensorInfo]):
     """A header's entries by name in offset order, as the fast path leaves them:
-    names, the distinct (dtype, shape) pairs with each tensor's index into them,
-    and the offsets.  The ``TensorInfo`` table is built on the first lookup, so a
-    walk over names and kinds (``inspect`` of a K3: 497,220 tensors) makes none.
+    the names joined by newlines (header order, with the offset order when it
+    differs) and a hash of each, the distinct (dtype, shape) pairs with each
+    tensor's index into them, and the offsets.  Names become strings on first
+    use and the ``TensorInfo`` table is built on the first lookup, so a walk over
+    names and kinds (``inspect`` of a K3: 497,220 tensors) makes no entry, and
+    the index check (``reader._columns_agree``) reads the joined names as bytes.
     Immutable; equal to any mapping with the same entries."""
 
-    __slots__ = ("_names", "_kinds", "_kind_of", "_begin", "_end", "_table")
+    __slots__ = ("_blob", "_order", "_hashes", "_names", "_kinds", "_kind_of", "_begin", "_end", "_table")
 
-    def __init__(self, names: list[str], kinds: list[tuple[str, tuple[int, ...]]], kind_of: np.ndarray,
-                 begin: np.ndarray, end: np.ndarray):
-        self._names = names
+    def __init__(self, blob: np.ndarray, order: np.ndarray | None, kinds: list[tuple[str, tuple[int, ...]]],
+                 kind_of: np.ndarray, begin: np.ndarray, end: np.ndarray, hashes: np.ndarray):
+        self._blob = blob            # uint8, ASCII names joined by b"\n" in header order
+        self._order = order          # header position of each tensor in offset order, None if the same
+        self._hashes = hashes        # per name in header order (``_header_scan._hash``)
+        self._names: list[str] | None = None
         self._kinds = kinds
         self._kind_of = kind_of
         self._begin = begin
         self._end = end
         self._table: dict[str, TensorInfo] | None = None
 
+    def _name_list(self) -> list[str]:
+        names = self._names
+        if names is None:
+            blob = self._blob
+            if blob is None:   # another thread decoded them meanwhile
+                return self._names   # type: ignore[return-value]
+            names = blob.tobytes().decode("ascii").split("\n")
+            if self._order is not None:
+                names = list(operator.itemgetter(*self._order.tolist())(names))
+            self._names = names
+            self._blob = None   # the strings hold the names from now on
+        return names
+
+    def joined_names(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the names joined by newlines as ASCII bytes, the hash of each), in header
+        order; None once the names are strings."""
+        blob = self._blob
+        return None if blob is None else (blob, self._hashes)
+
     def _entries(self) -> dict[str, TensorInfo]:
         table = self._table
         if table is None:   # threads may both build it: equal tables, each assigned whole
-            names = self._names
+            names = self._name_list()
             ks = self._kind_of.tolist()
             dts = [d for d, _ in self._kinds]
             shapes = [sh for _, sh in self._kinds]
@@ -119,13 +144,13 @@ class HeaderTensors(Mapping[str, TensorInfo]):
         return name in self._entries()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
+        return iter(self._name_list())
 
     def __reversed__(self) -> Iterator[str]:
-        return reversed(self._names)
+        return reversed(self._name_list())
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self._begin)
 
     def values(self):
         return self._entries().values()

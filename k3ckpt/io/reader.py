@@ -35,7 +35,7 @@ from ..errors import (
     UsageError,
 )
 from . import dtypes, header as _header
-from .header import Header, TensorInfo, loads_index, loads_strict, paused_gc, read_header
+from .header import Header, HeaderTensors, TensorInfo, loads_index, loads_strict, paused_gc, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -428,14 +428,25 @@ def _columns_agree(index: IndexColumns, shards: list[str], headers: dict[str, He
         return False
     if total == 0:
         return True
-    text = "\n".join(itertools.chain.from_iterable(h.tensors for h in headers.values()))
-    if not text.isascii():   # the plain index is ASCII
-        return False
-    from ._header_scan import name_spans, same_texts
+    from ._header_scan import line_spans, name_spans, same_texts
 
-    held = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
-    starts, ends, hashes = name_spans(held)
-    if len(starts) != total:   # a newline in a header name: not in the plain index
+    parts = []
+    for h in headers.values():
+        # the fast path's names are still bytes; a header the strict parser read joins its strings
+        part = h.tensors.joined_names() if isinstance(h.tensors, HeaderTensors) else None
+        if part is None and len(h.tensors):
+            text = "\n".join(h.tensors)
+            if not text.isascii():   # the plain index is ASCII
+                return False
+            blob = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+            part = (blob, name_spans(blob)[2])
+        if part is not None:
+            parts.append(part)
+    newline = np.full(1, 10, dtype=np.uint8)
+    held = np.concatenate([piece for blob, _ in parts for piece in (newline, blob)][1:])
+    hashes = np.concatenate([hs for _, hs in parts])
+    starts, ends = line_spans(held)
+    if len(starts) != total or len(hashes) != total:   # a newline in a header name: not in the plain index
         return False
     at = {s: i for i, s in enumerate(shards)}
     listed_as = np.array([at[s] for s in index.shards], dtype=np.uint64)[index.shard_id]

@@ -196,8 +196,9 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
 
     Args:
         src: checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``.
-        expert_type: ggml type of the routed experts: ``iq2_xs`` (our encoder), ``mxfp4`` (a lossless
-            repack, as llama.cpp's converter writes it), ``q8_0``, ``bf16``, ``f16``, ``f32``; any case.
+        expert_type: ggml type of the routed experts: ``iq2_xs``, ``iq2_xxs``, ``q2_k`` (our encoders),
+            ``mxfp4`` (a lossless repack, as llama.cpp's converter writes it), ``q8_0``, ``bf16``,
+            ``f16``, ``f32``; any case.
         outtype: ``bf16``, ``f16``, ``q8_0`` or ``f32`` for every other tensor that is not kept in
             float32 (default: as the converter writes them: BF16 stays BF16, byte for byte).
         split_max_size: most tensor bytes per file, bytes or a size with a unit; ``None``: one file.

@@ -185,9 +185,12 @@ def test_ggml_decodes_our_iq2_xs_experts_to_what_our_decoder_gives(llama_cpp, ou
     np.testing.assert_array_equal(ggml, mine)
 
 
-def _f32_expert_copy(src: Path, dst: Path) -> Path:
-    """``src`` with every IQ2_XS tensor replaced by F32 holding our decode of its bytes."""
+def _f32_expert_copy(src: Path, dst: Path, decoders=None) -> Path:
+    """``src`` with every tensor of a type in ``decoders`` (ggml type -> (block bytes, decoder);
+    default IQ2_XS) replaced by F32 holding our decode of its bytes."""
     from k3ckpt.formats.iq2xs import decode_iq2xs
+
+    decoders = decoders or {gguf.GGMLQuantizationType.IQ2_XS: (74, decode_iq2xs)}
 
     r = gguf.GGUFReader(src)
     kvs = []
@@ -203,8 +206,9 @@ def _f32_expert_copy(src: Path, dst: Path) -> Path:
     for t in r.tensors:
         shape = tuple(int(d) for d in t.shape)[::-1]
         raw = _bytes(t)
-        if t.tensor_type == gguf.GGMLQuantizationType.IQ2_XS:
-            x = decode_iq2xs(np.frombuffer(raw, np.uint8).reshape(-1, 74)).astype(np.float32)
+        if t.tensor_type in decoders:
+            block, decode = decoders[t.tensor_type]
+            x = decode(np.frombuffer(raw, np.uint8).reshape(-1, block)).astype(np.float32)
             infos.append(C.TensorInfo(t.name, int(gguf.GGMLQuantizationType.F32), shape))
             data.append(x.tobytes())
         else:
@@ -225,6 +229,29 @@ def test_llama_cpp_runs_iq2_xs_experts_as_we_decode_them(llama_cpp, ours, tmp_pa
     to_decoded = np.abs(iq2 - dec).max()
     to_mxfp4 = np.abs(iq2 - mx).max()
     assert to_decoded < to_mxfp4, (to_decoded, to_mxfp4)
+
+
+@pytest.mark.parametrize("expert_type", ["iq2_xxs", "q2_k"])
+def test_llama_cpp_runs_the_other_2_bit_types_as_we_decode_them(llama_cpp, k3_tiny, ours, tmp_path, expert_type):
+    """IQ2_XXS and Q2_K experts: ggml's own decoder gives our decoder's values for every expert
+    tensor, and llama.cpp runs the file as it runs an F32 copy holding those values."""
+    from k3ckpt.formats.iq2xxs import decode_iq2xxs
+    from k3ckpt.formats.q2_k import decode_q2k
+
+    decode, block = {"iq2_xxs": (decode_iq2xxs, 66), "q2_k": (decode_q2k, 84)}[expert_type]
+    with open_checkpoint(k3_tiny) as ckpt:
+        path = write_gguf(ckpt, tmp_path / f"k3-{expert_type}.gguf", expert_type=expert_type).paths[0]
+    experts = [t for n, t in _tensors(path).items() if "_exps" in n]
+    assert experts and {t.tensor_type.name.lower() for t in experts} == {expert_type}
+    for t in experts:
+        raw = _bytes(t)
+        n = int(np.prod([int(d) for d in t.shape]))
+        mine = decode(np.frombuffer(raw, np.uint8).reshape(-1, block)).reshape(-1)
+        np.testing.assert_array_equal(_ggml_to_float(llama_cpp, int(t.tensor_type), raw, n), mine)
+    f32 = _f32_expert_copy(path, tmp_path / f"{expert_type}-as-f32.gguf", {experts[0].tensor_type: (block, decode)})
+    got, dec, mx = (_logits(llama_cpp, p) for p in (path, f32, ours["mxfp4"]))
+    assert np.isfinite(got).all()
+    assert np.abs(got - dec).max() < np.abs(got - mx).max()
 
 
 def test_kimi_k2_fp8_matches_the_converter_and_runs_the_same(llama_cpp, converter_dir, kimi_k2_tiny, tmp_path):

@@ -17,14 +17,15 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from .container import type_name
-from .tensors import BF16, F16, F32, IQ2_XS, MXFP4, Q8_0, Planned
+from .tensors import BF16, F16, F32, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0, Planned
 
 CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
 DECODED = ("F8_BLOCK", "INT4_PACK")     # quantized sources _load returns as float32
 
 # ggml type -> k3ckpt format that writes ggml's block bytes: from an MXFP4 expert's codes, from floats
-_FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs"}
-_FROM_FLOAT = {IQ2_XS: ("gguf-iq2_xs", "packed"), MXFP4: ("gguf-mxfp4", "blocks")}
+_FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs", IQ2_XXS: "gguf-iq2_xxs", Q2_K: "gguf-q2_k"}
+_FROM_FLOAT = {IQ2_XS: ("gguf-iq2_xs", "packed"), IQ2_XXS: ("gguf-iq2_xxs", "packed"), Q2_K: ("gguf-q2_k", "packed"),
+               MXFP4: ("gguf-mxfp4", "blocks")}
 
 
 def _as_f32(raw: np.ndarray, dtype: str) -> np.ndarray:

@@ -528,11 +528,11 @@ def same_texts(x, x_starts, x_ends, y, y_starts, y_ends):
 # the scans' columns checked with the header rules (Python, once per kind)
 
 
-def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tuple, int] | None:
+def plain_header(raw: bytes, *, source: str) -> tuple[HeaderTensors, dict[str, str]] | None:
     """A large header in the plain form, checked with every rule of the strict
-    parser: (``HeaderTensors`` in (begin, end) order, metadata, kind table as
-    ``Header.kinds``, data size); None when it is not plain or breaks a rule,
-    and the strict parser decides (and names the problem)."""
+    parser but the file size: (its tensors in (begin, end) order, its metadata);
+    None when it is not plain or breaks a rule, and the strict parser decides
+    (and names the problem)."""
     if not raw.isascii():
         return None
     spans, meta, blob, kind_of, first, hashes = scan_header(np.frombuffer(raw, dtype=np.uint8))
@@ -574,8 +574,7 @@ def plain_header(raw: bytes, *, source: str) -> tuple[dict, dict[str, str], tupl
         except InvalidFileError:
             return None
     in_order = np.array_equal(order, np.arange(len(order)))   # writers mostly list tensors in offset order
-    tensors = HeaderTensors(blob, None if in_order else order, canon, k, b, e, hashes)
-    return tensors, metadata, (canon, k), int(e[-1])
+    return HeaderTensors(blob, None if in_order else order, canon, k, b, e, hashes), metadata
 
 
 def _check_kinds(kinds: list[tuple[str, tuple[int, ...]]], kind_of: np.ndarray

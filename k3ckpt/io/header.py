@@ -35,7 +35,7 @@ import operator
 import os
 import stat
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Iterator, NamedTuple
 
@@ -132,6 +132,10 @@ class HeaderTensors(Mapping[str, TensorInfo]):
             table = self._table = dict(zip(names, infos))
         return table
 
+    def kind_table(self) -> tuple[list[tuple[str, tuple[int, ...]]], np.ndarray]:
+        """As ``Header.kind_table``: the parse found them."""
+        return self._kinds, self._kind_of
+
     @property
     def data_end(self) -> int:
         """The largest end offset (the data size), without building the table."""
@@ -179,16 +183,13 @@ class Header:
     tensors: Mapping[str, TensorInfo]   # ordered by start offset (a dict, or HeaderTensors)
     metadata: dict[str, str]
     header_size: int                # N, the JSON length in bytes (padding included)
-    # (distinct (dtype, shape) pairs, index into them per tensor in ``tensors`` order),
-    # when the parse found them anyway; ``kind_table`` computes them otherwise.
-    kinds: tuple[list[tuple[str, tuple[int, ...]]], np.ndarray] | None = field(default=None, compare=False,
-                                                                               repr=False)
 
     def kind_table(self) -> tuple[list[tuple[str, tuple[int, ...]]], np.ndarray]:
-        """The distinct (dtype, shape) pairs and each tensor's index into them:
-        whole-header work (``inspect``) then runs per pair, not per tensor."""
-        if self.kinds is not None:
-            return self.kinds
+        """The distinct (dtype, shape) pairs, in order of first appearance, and each
+        tensor's index into them: whole-header work (``inspect``) then runs per
+        pair, not per tensor."""
+        if isinstance(self.tensors, HeaderTensors):
+            return self.tensors.kind_table()
         infos = list(self.tensors.values())
         firsts, kind_of = first_ids(map(_DTYPE_SHAPE, infos))
         return [_DTYPE_SHAPE(infos[i]) for i in firsts.tolist()], kind_of
@@ -275,23 +276,16 @@ def _reject_constant(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def paused_gc(*, keep: bool = False) -> Iterator[None]:
+def paused_gc() -> Iterator[None]:
     """Pause the cyclic collector while building many acyclic objects (parsed
     JSON, header entries): a K3's millions of them otherwise trigger repeated
-    full-heap passes, about a quarter of the time to open it.  ``keep``: what
-    the block builds lives on (a checkpoint's headers), so it is moved to the
-    oldest generation at once (freeze, then unfreeze), where the young
-    collections that follow would each have walked it first (0.2 s a walk for
-    a K3's 497,220 entries)."""
+    full-heap passes, about a quarter of the time to open it."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
-            if keep and not gc.get_freeze_count():   # never unfreeze what the application froze
-                gc.freeze()
-                gc.unfreeze()
             gc.enable()
 
 
@@ -452,9 +446,9 @@ def parse_header_json(raw: bytes, *, source: str, file_size: int | None = None) 
 
         plain = plain_header(raw, source=source)
         if plain is not None:
-            tensors, metadata, kinds, data_end = plain
-            _check_file_size(data_end, n, source=source, file_size=file_size)
-            return Header(tensors=tensors, metadata=metadata, header_size=n, kinds=kinds)
+            tensors, metadata = plain
+            _check_file_size(tensors.data_end, n, source=source, file_size=file_size)
+            return Header(tensors=tensors, metadata=metadata, header_size=n)
     return _parse_header_strict(raw, n, source=source, file_size=file_size)
 
 

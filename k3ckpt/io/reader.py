@@ -360,7 +360,7 @@ def _checkpoint_from_sources(index_json, sources, config, *, root, index_source,
     check_numbered_set(shards, source=index_source if index_json is not None else str(root or ""))
 
     shard_of: dict[str, str] | None = None
-    with paused_gc(keep=True):
+    with paused_gc():
         headers = _read_headers(shards, sources, parsed, root)
         agree = isinstance(index_json, IndexColumns) and _columns_agree(index_json, shards, headers)
         if not agree:

@@ -18,7 +18,10 @@ problem: this is the one fast path beside it, held to it by differential tests
 
 ``scan_index`` does the same for ``model.safetensors.index.json``: the
 ``weight_map`` object of plain strings as columns, every other top-level
-member as a byte span parsed strictly (they are small).
+member as a byte span parsed strictly (they are small).  Names are hashed
+(``_hash``) so that the reader can pair the index's names with the headers'
+by sorting and then compare their bytes (``same_texts``); a hash is never
+taken as proof of equality, only distinct hashes as proof of distinct names.
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ def command(dst, src, as_json):
 
         echo_json({**asdict(r), "ok": r.ok})
     else:
-        what = f"{r.files_checked} file(s), {human_bytes(r.bytes_checked)}, {r.records_checked} pack record(s)"
+        what = f"{r.files_checked} file(s), {human_bytes(r.bytes_checked)}"
+        if not dst.endswith(".gguf"):          # a GGUF output has no pack records
+            what += f", {r.records_checked} pack record(s)"
         if r.source_checked:
             what += f", {r.tensors_checked} tensor(s) against the source"
         click.echo(f"{'ok' if r.ok else 'FAILED'}: {r.dst}: {what}")

@@ -20,14 +20,11 @@ from k3ckpt.hub import HubClient, RetryPolicy
 from k3ckpt.hub.convert import gguf_from_hub
 from k3ckpt.hub.staged import STAGING_DIR
 from k3ckpt.io.reader import open_checkpoint
+from split_kill import Killed, kill_after_split
 
 FAST = RetryPolicy(max_retries=3, base_wait=0.01, max_wait=0.02)
 K3, K2 = "moonshotai/Kimi-K3-tiny", "moonshotai/Kimi-K2-tiny"
 SPLIT = 2_000_000
-
-
-class Killed(BaseException):
-    """Stands for SIGKILL: nothing in k3ckpt catches it."""
 
 
 def digests(paths) -> dict[str, str]:
@@ -173,16 +170,8 @@ def test_dry_run_downloads_no_shard(client, hub, k3_tiny, work):
 
 def test_killed_then_resumed_to_the_same_bytes(client, repos, local_k3, k3_tiny, work, monkeypatch):
     out = work / "k3.gguf"
-    real, calls = M.GGUFManifest.record, [0]
-
-    def record(self, name, sha256):
-        real(self, name, sha256)
-        calls[0] += 1
-        if calls[0] == 2:
-            raise Killed()
-
     with monkeypatch.context() as mp:
-        mp.setattr(M.GGUFManifest, "record", record)
+        kill_after_split(mp, 2)
         with pytest.raises(Killed):
             gguf_from_hub(f"hf://{K3}", out, client=client, workers=2, split_max_bytes=SPLIT)
     first = json.loads((work / "k3.k3ckpt-manifest.json").read_text())["source"]["commit"]

@@ -12,17 +12,13 @@ import numpy as np
 import pytest
 
 from k3ckpt.formats.mxfp4 import decode_pair_ref
-from k3ckpt.gguf import manifest as M
 from k3ckpt.gguf.convert import write_gguf
 from k3ckpt.io.reader import open_checkpoint
 from k3ckpt.requant.report import load_report
+from split_kill import Killed, kill_after_split
 
 SPLIT = 2_000_000          # k3-tiny at IQ2_XS in 4 files
 GGUF_PROJ = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
-
-
-class Killed(BaseException):
-    """Stands for SIGKILL: nothing in k3ckpt catches it."""
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +72,8 @@ def test_report_is_the_same_for_any_worker_count_and_after_a_resume(k3_tiny, wri
     assert (two.report / "requant_report.json").read_text().replace(str(tmp_path / "two"), "") == \
         want.replace(str(written.report.parent), "")
     out = tmp_path / "resumed" / "k3.gguf"
-    real, calls = M.GGUFManifest.record, [0]
-
-    def record(self, name, sha256):
-        real(self, name, sha256)
-        calls[0] += 1
-        if calls[0] == 2:
-            raise Killed()
-
     with monkeypatch.context() as mp:
-        mp.setattr(M.GGUFManifest, "record", record)
+        kill_after_split(mp, 2)
         with open_checkpoint(k3_tiny) as c, pytest.raises(Killed):
             write_gguf(c, out, split_max_bytes=SPLIT, workers=1)
     assert not (out.parent / "k3-report").exists()
@@ -100,14 +88,8 @@ def test_a_resume_without_the_finished_splits_rows_is_refused(k3_tiny, tmp_path,
     from k3ckpt.errors import InvalidFileError
 
     out = tmp_path / "k3.gguf"
-    real = M.GGUFManifest.record
-
-    def record(self, name, sha256):
-        real(self, name, sha256)
-        raise Killed()
-
     with monkeypatch.context() as mp:
-        mp.setattr(M.GGUFManifest, "record", record)
+        kill_after_split(mp, 1)
         with open_checkpoint(k3_tiny) as c, pytest.raises(Killed):
             write_gguf(c, out, split_max_bytes=SPLIT, workers=1)
     for f in (tmp_path / "k3.k3ckpt-results").iterdir():

@@ -16,16 +16,12 @@ from pathlib import Path
 import pytest
 
 from k3ckpt.errors import OutputExistsError, ResumeMismatchError
-from k3ckpt.gguf import manifest as M
 from k3ckpt.gguf.convert import write_gguf
 from k3ckpt.io.reader import open_checkpoint
+from split_kill import Killed, kill_after_split
 
 ROOT = str(Path(__file__).resolve().parents[1])
 SPLIT = 2_000_000          # k3-tiny at IQ2_XS in 4 files
-
-
-class Killed(BaseException):
-    """Stands for SIGKILL: nothing in k3ckpt catches it."""
 
 
 def sha(p: Path) -> str:
@@ -46,23 +42,11 @@ def finals(folder: Path) -> dict[str, str]:
     return {p.name: sha(p) for p in folder.iterdir() if p.name.endswith(".gguf") and not p.name.startswith(".")}
 
 
-def _kill_after_split(monkeypatch, k: int):
-    real, calls = M.GGUFManifest.record, [0]
-
-    def record(self, name, sha256):
-        real(self, name, sha256)
-        calls[0] += 1
-        if calls[0] == k:
-            raise Killed()
-
-    monkeypatch.setattr(M.GGUFManifest, "record", record)
-
-
 @pytest.mark.parametrize("k,workers", [(1, 1), (2, 2), (3, 1)])
 def test_resume_after_split_k_gives_the_same_bytes(k3_tiny, clean, tmp_path, monkeypatch, k, workers):
     out = tmp_path / "k3.gguf"
     with monkeypatch.context() as mp:
-        _kill_after_split(mp, k)
+        kill_after_split(mp, k)
         with open_checkpoint(k3_tiny) as c, pytest.raises(Killed):
             write_gguf(c, out, split_max_bytes=SPLIT, workers=workers)
     names = sorted(clean)
@@ -83,7 +67,7 @@ def test_resume_after_split_k_gives_the_same_bytes(k3_tiny, clean, tmp_path, mon
 def test_resume_refuses_other_options_or_source(k3_tiny, clean, tmp_path, monkeypatch):
     out = tmp_path / "k3.gguf"
     with monkeypatch.context() as mp:
-        _kill_after_split(mp, 1)
+        kill_after_split(mp, 1)
         with open_checkpoint(k3_tiny) as c, pytest.raises(Killed):
             write_gguf(c, out, split_max_bytes=SPLIT)
     from k3ckpt.gguf import run

@@ -26,13 +26,12 @@ copied here, which keeps us byte-compatible with whatever llama.cpp ships.
 from __future__ import annotations
 
 import functools
-import math
 import types
 
 import numpy as np
 
-from ..errors import ShapeError
-from .base import Format, FormatInfo, Part
+from .base import FormatInfo, Part
+from .ggml_blocks import QK, GGMLBlockFormat, check_blocks, decode_with, f16_table, half_steps, sign_values
 
 __all__ = [
     "BLOCK_BYTES",
@@ -45,7 +44,6 @@ __all__ = [
     "sign_table",
 ]
 
-QK = 256
 BLOCK_BYTES = 2 + 2 * 32 + 8   # fp16 d + 32 x u16 qs + 16 x 4-bit scales = 74
 GRID_SIZE = 512
 
@@ -83,16 +81,10 @@ def sign_table() -> np.ndarray:
 
 @functools.cache
 def _decode_tables() -> types.SimpleNamespace:
-    signs = sign_table()
     t = types.SimpleNamespace(
-        grid=grid_table().astype(np.float32),
-        # [128, 8] float32 +1 / -1: multiplying (not negating) matches gguf-py and ggml on -0 and NaN.
-        signs=np.where((signs[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1)).astype(np.float32),
-        f16=np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32),
-        half=(np.float32(0.5) + np.arange(16, dtype=np.float32)).astype(np.float32),
+        grid=grid_table().astype(np.float32), signs=sign_values(sign_table()), f16=f16_table(), half=half_steps(),
     )
-    for arr in vars(t).values():
-        arr.flags.writeable = False
+    t.grid.flags.writeable = False
     return t
 
 
@@ -127,24 +119,14 @@ def _kernels() -> types.SimpleNamespace:
 # ---------------------------------------------------------------- functions
 def check_iq2xs(packed, *, name: str | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """Validate IQ2_XS bytes U8 ``[..., K/256*74]``; return C-contiguous rows ``[M, K/256*74]`` and ``[..., K]``."""
-    packed = np.asarray(packed)
-    if packed.dtype != np.uint8 or packed.ndim < 1 or packed.shape[-1] % BLOCK_BYTES:
-        raise ShapeError(
-            f"IQ2_XS bytes must be uint8 [..., K/256*{BLOCK_BYTES}], found {packed.dtype} {list(packed.shape)}",
-            tensor=name,
-        )
-    m = math.prod(packed.shape[:-1])
-    shape = packed.shape[:-1] + (packed.shape[-1] // BLOCK_BYTES * QK,)
-    return np.ascontiguousarray(packed).reshape(m, packed.shape[-1]), shape
+    return check_blocks(packed, BLOCK_BYTES, "IQ2_XS", name=name)
 
 
 def decode_iq2xs(packed, *, name: str | None = None) -> np.ndarray:
     """IQ2_XS bytes U8 ``[..., K/256*74]`` -> float32 ``[..., K]`` (numba, one thread)."""
     p, shape = check_iq2xs(packed, name=name)
     t = _decode_tables()
-    out = np.empty((p.shape[0], shape[-1]), np.float32)
-    _kernels().decode(p, t.grid, t.signs, t.f16, t.half, out)
-    return out.reshape(shape)
+    return decode_with(_kernels().decode, p, shape, t.grid, t.signs, t.f16, t.half)
 
 
 def decode_iq2xs_ref(packed, *, name: str | None = None) -> np.ndarray:
@@ -164,7 +146,7 @@ def decode_iq2xs_ref(packed, *, name: str | None = None) -> np.ndarray:
 
 
 # ------------------------------------------------------------------- format
-class IQ2XS(Format):
+class IQ2XS(GGMLBlockFormat):
     """``gguf-iq2_xs``: llama.cpp IQ2_XS blocks, row-major, one U8 tensor."""
 
     info = FormatInfo(
@@ -179,45 +161,7 @@ class IQ2XS(Format):
         spec="docs/formats/iq2xs.md#stored-tensors",
     )
 
-    def check_logical_shape(self, shape, *, name: str | None = None) -> tuple[int, ...]:
-        shape = tuple(int(v) for v in shape)
-        if shape and shape[-1] >= 0 and shape[-1] % QK:
-            raise ShapeError(
-                f"IQ2_XS is not applicable: it stores super-blocks of {QK} weights along the last axis and "
-                f"shape {list(shape)} has K = {shape[-1]}, not a multiple of {QK} "
-                "(gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
-                tensor=name,
-            )
-        return super().check_logical_shape(shape, name=name)
-
-    def _decode_rows(self, rows, k, *, reference, bf16):
-        dec = decode_iq2xs_ref if reference else decode_iq2xs
-        return dec(rows["packed"])
-
-    def _encode_rows(self, x, *, reference, name, shape):
-        from ..requant import iq2xs
-
-        enc = iq2xs.encode_reference if reference else iq2xs.encode
-        return {"packed": enc(x, name=name)}
-
-    def from_float(self, x, *, name: str | None = None) -> dict[str, np.ndarray]:
-        """float ``[..., K]`` -> ``{"packed": U8 [..., K/256*74]}`` (numba encoder; same as ``encode``)."""
-        return self.encode(x, name=name)
-
-    def from_mxfp4(self, packed, scale, *, name: str | None = None) -> dict[str, np.ndarray]:
-        """Requantize MXFP4 pair-layout ``packed`` U8 ``[..., K/2]`` / ``scale`` U8 ``[..., K/32]``:
-        decode with the MXFP4 kernel, then encode.  NaN scales (0xFF) raise ``NaNScaleError``."""
-        return self._from_mxfp4(packed, scale, name, reference=False)
-
-    def reference_from_mxfp4(self, packed, scale, *, name: str | None = None) -> dict[str, np.ndarray]:
-        """Same contract as ``from_mxfp4``, computed by the numpy references."""
-        return self._from_mxfp4(packed, scale, name, reference=True)
-
-    def _from_mxfp4(self, packed, scale, name, *, reference: bool) -> dict[str, np.ndarray]:
-        from . import mxfp4
-
-        self.check_logical_shape(np.shape(packed)[:-1] + (2 * np.shape(packed)[-1],) if np.ndim(packed) else (),
-                                 name=name)
-        dec = mxfp4.decode_pair_ref if reference else mxfp4.decode_pair
-        x = dec(packed, scale, name=name)
-        return self._encode(x, name, reference=reference)
+    label = "IQ2_XS"
+    encoder = "iq2xs"
+    decoders = (decode_iq2xs, decode_iq2xs_ref)
+    takes_imatrix = False   # the plain squared error (requant.iq2xs)

@@ -26,18 +26,16 @@ is the one IQ2_XS shares (``formats.iq2xs.sign_table``).
 from __future__ import annotations
 
 import functools
-import math
 import types
 
 import numpy as np
 
-from ..errors import ShapeError
-from .base import Format, FormatInfo, Part
+from .base import FormatInfo, Part
+from .ggml_blocks import QK, GGMLBlockFormat, check_blocks, decode_with, f16_table, half_steps, sign_values
 from .iq2xs import sign_table
 
 __all__ = ["BLOCK_BYTES", "IQ2XXS", "QK", "check_iq2xxs", "decode_iq2xxs", "decode_iq2xxs_ref", "grid_table"]
 
-QK = 256
 BLOCK_BYTES = 2 + 8 * (4 + 4)   # fp16 d + per 32 weights: 4 grid bytes, u32 of 4 x 7 sign bits + scale = 66
 GRID_SIZE = 256
 
@@ -58,15 +56,10 @@ def grid_table() -> np.ndarray:
 
 @functools.cache
 def _decode_tables() -> types.SimpleNamespace:
-    signs = sign_table()
     t = types.SimpleNamespace(
-        grid=grid_table().astype(np.float32),
-        signs=np.where((signs[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1)).astype(np.float32),
-        f16=np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32),
-        half=(np.float32(0.5) + np.arange(16, dtype=np.float32)).astype(np.float32),
+        grid=grid_table().astype(np.float32), signs=sign_values(sign_table()), f16=f16_table(), half=half_steps(),
     )
-    for arr in vars(t).values():
-        arr.flags.writeable = False
+    t.grid.flags.writeable = False
     return t
 
 
@@ -101,24 +94,14 @@ def _kernels() -> types.SimpleNamespace:
 # ---------------------------------------------------------------- functions
 def check_iq2xxs(packed, *, name: str | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """Validate IQ2_XXS bytes U8 ``[..., K/256*66]``; return C-contiguous rows ``[M, K/256*66]`` and ``[..., K]``."""
-    packed = np.asarray(packed)
-    if packed.dtype != np.uint8 or packed.ndim < 1 or packed.shape[-1] % BLOCK_BYTES:
-        raise ShapeError(
-            f"IQ2_XXS bytes must be uint8 [..., K/256*{BLOCK_BYTES}], found {packed.dtype} {list(packed.shape)}",
-            tensor=name,
-        )
-    m = math.prod(packed.shape[:-1])
-    shape = packed.shape[:-1] + (packed.shape[-1] // BLOCK_BYTES * QK,)
-    return np.ascontiguousarray(packed).reshape(m, packed.shape[-1]), shape
+    return check_blocks(packed, BLOCK_BYTES, "IQ2_XXS", name=name)
 
 
 def decode_iq2xxs(packed, *, name: str | None = None) -> np.ndarray:
     """IQ2_XXS bytes U8 ``[..., K/256*66]`` -> float32 ``[..., K]`` (numba, one thread)."""
     p, shape = check_iq2xxs(packed, name=name)
     t = _decode_tables()
-    out = np.empty((p.shape[0], shape[-1]), np.float32)
-    _kernels().decode(p, t.grid, t.signs, t.f16, t.half, out)
-    return out.reshape(shape)
+    return decode_with(_kernels().decode, p, shape, t.grid, t.signs, t.f16, t.half)
 
 
 def decode_iq2xxs_ref(packed, *, name: str | None = None) -> np.ndarray:
@@ -138,7 +121,7 @@ def decode_iq2xxs_ref(packed, *, name: str | None = None) -> np.ndarray:
 
 
 # ------------------------------------------------------------------- format
-class IQ2XXS(Format):
+class IQ2XXS(GGMLBlockFormat):
     """``gguf-iq2_xxs``: llama.cpp IQ2_XXS blocks, row-major, one U8 tensor."""
 
     info = FormatInfo(
@@ -153,54 +136,6 @@ class IQ2XXS(Format):
         spec="docs/formats/iq2_xxs.md#stored-tensors",
     )
 
-    def check_logical_shape(self, shape, *, name: str | None = None) -> tuple[int, ...]:
-        shape = tuple(int(v) for v in shape)
-        if shape and shape[-1] >= 0 and shape[-1] % QK:
-            raise ShapeError(
-                f"IQ2_XXS is not applicable: it stores super-blocks of {QK} weights along the last axis and "
-                f"shape {list(shape)} has K = {shape[-1]}, not a multiple of {QK} "
-                "(gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
-                tensor=name,
-            )
-        return super().check_logical_shape(shape, name=name)
-
-    def _decode_rows(self, rows, k, *, reference, bf16):
-        dec = decode_iq2xxs_ref if reference else decode_iq2xxs
-        return dec(rows["packed"])
-
-    def _encode_rows(self, x, *, reference, name, shape):
-        from ..requant import iq2xxs
-
-        enc = iq2xxs.encode_reference if reference else iq2xxs.encode
-        return {"packed": enc(x, name=name)}
-
-    def from_float(self, x, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
-        """float ``[..., K]`` -> ``{"packed": U8 [..., K/256*66]}`` (numba encoder).
-
-        ``imatrix``: float32 ``[K]`` importance per column (``k3ckpt.imatrix``), or None for all ones."""
-        from ..requant import iq2xxs
-        from .base import as_float32_input
-
-        x = as_float32_input(x, name=name)
-        self.check_logical_shape(x.shape, name=name)
-        return {"packed": iq2xxs.encode(x, imatrix=imatrix, name=name)}
-
-    def from_mxfp4(self, packed, scale, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
-        """Requantize MXFP4 pair-layout ``packed`` U8 ``[..., K/2]`` / ``scale`` U8 ``[..., K/32]``:
-        decode with the MXFP4 kernel, then encode.  NaN scales (0xFF) raise ``NaNScaleError``."""
-        return self._from_mxfp4(packed, scale, imatrix, name, reference=False)
-
-    def reference_from_mxfp4(self, packed, scale, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
-        """Same contract as ``from_mxfp4``, computed by the numpy references."""
-        return self._from_mxfp4(packed, scale, imatrix, name, reference=True)
-
-    def _from_mxfp4(self, packed, scale, imatrix, name, *, reference: bool) -> dict[str, np.ndarray]:
-        from ..requant import iq2xxs
-        from . import mxfp4
-
-        self.check_logical_shape(np.shape(packed)[:-1] + (2 * np.shape(packed)[-1],) if np.ndim(packed) else (),
-                                 name=name)
-        dec = mxfp4.decode_pair_ref if reference else mxfp4.decode_pair
-        x = dec(packed, scale, name=name)
-        enc = iq2xxs.encode_reference if reference else iq2xxs.encode
-        return {"packed": enc(x, imatrix=imatrix, name=name)}
+    label = "IQ2_XXS"
+    encoder = "iq2xxs"
+    decoders = (decode_iq2xxs, decode_iq2xxs_ref)

@@ -23,17 +23,15 @@ row's bytes equals our decode bit for bit.
 from __future__ import annotations
 
 import functools
-import math
 import types
 
 import numpy as np
 
-from ..errors import ShapeError
-from .base import Format, FormatInfo, Part
+from .base import FormatInfo, Part
+from .ggml_blocks import QK, GGMLBlockFormat, check_blocks, decode_with, f16_table
 
 __all__ = ["BLOCK_BYTES", "Q2K", "QK", "check_q2k", "code_order", "decode_q2k", "decode_q2k_ref"]
 
-QK = 256
 BLOCK_BYTES = 16 + 64 + 2 + 2   # scale/min nibbles per 16, 2-bit codes, fp16 d, fp16 dmin = 84
 
 
@@ -47,13 +45,6 @@ def code_order() -> tuple[np.ndarray, np.ndarray]:
     for a in (byte, shift):
         a.flags.writeable = False
     return byte, shift
-
-
-@functools.cache
-def _f16_table() -> np.ndarray:
-    t = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
-    t.flags.writeable = False
-    return t
 
 
 # ------------------------------------------------------------------ kernels
@@ -88,23 +79,13 @@ def _kernels() -> types.SimpleNamespace:
 # ---------------------------------------------------------------- functions
 def check_q2k(packed, *, name: str | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """Validate Q2_K bytes U8 ``[..., K/256*84]``; return C-contiguous rows ``[M, K/256*84]`` and ``[..., K]``."""
-    packed = np.asarray(packed)
-    if packed.dtype != np.uint8 or packed.ndim < 1 or packed.shape[-1] % BLOCK_BYTES:
-        raise ShapeError(
-            f"Q2_K bytes must be uint8 [..., K/256*{BLOCK_BYTES}], found {packed.dtype} {list(packed.shape)}",
-            tensor=name,
-        )
-    m = math.prod(packed.shape[:-1])
-    shape = packed.shape[:-1] + (packed.shape[-1] // BLOCK_BYTES * QK,)
-    return np.ascontiguousarray(packed).reshape(m, packed.shape[-1]), shape
+    return check_blocks(packed, BLOCK_BYTES, "Q2_K", name=name)
 
 
 def decode_q2k(packed, *, name: str | None = None) -> np.ndarray:
     """Q2_K bytes U8 ``[..., K/256*84]`` -> float32 ``[..., K]`` (numba, one thread)."""
     p, shape = check_q2k(packed, name=name)
-    out = np.empty((p.shape[0], shape[-1]), np.float32)
-    _kernels().decode(p, _f16_table(), out)
-    return out.reshape(shape)
+    return decode_with(_kernels().decode, p, shape, f16_table())
 
 
 def decode_q2k_ref(packed, *, name: str | None = None) -> np.ndarray:
@@ -124,7 +105,7 @@ def decode_q2k_ref(packed, *, name: str | None = None) -> np.ndarray:
 
 
 # ------------------------------------------------------------------- format
-class Q2K(Format):
+class Q2K(GGMLBlockFormat):
     """``gguf-q2_k``: llama.cpp Q2_K blocks, row-major, one U8 tensor."""
 
     info = FormatInfo(
@@ -139,54 +120,6 @@ class Q2K(Format):
         spec="docs/formats/q2_k.md#stored-tensors",
     )
 
-    def check_logical_shape(self, shape, *, name: str | None = None) -> tuple[int, ...]:
-        shape = tuple(int(v) for v in shape)
-        if shape and shape[-1] >= 0 and shape[-1] % QK:
-            raise ShapeError(
-                f"Q2_K is not applicable: it stores super-blocks of {QK} weights along the last axis and "
-                f"shape {list(shape)} has K = {shape[-1]}, not a multiple of {QK} "
-                "(gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
-                tensor=name,
-            )
-        return super().check_logical_shape(shape, name=name)
-
-    def _decode_rows(self, rows, k, *, reference, bf16):
-        dec = decode_q2k_ref if reference else decode_q2k
-        return dec(rows["packed"])
-
-    def _encode_rows(self, x, *, reference, name, shape):
-        from ..requant import q2_k
-
-        enc = q2_k.encode_reference if reference else q2_k.encode
-        return {"packed": enc(x, name=name)}
-
-    def from_float(self, x, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
-        """float ``[..., K]`` -> ``{"packed": U8 [..., K/256*84]}`` (numba encoder).
-
-        ``imatrix``: float32 ``[K]`` importance per column (``k3ckpt.imatrix``), or None for all ones."""
-        from ..requant import q2_k
-        from .base import as_float32_input
-
-        x = as_float32_input(x, name=name)
-        self.check_logical_shape(x.shape, name=name)
-        return {"packed": q2_k.encode(x, imatrix=imatrix, name=name)}
-
-    def from_mxfp4(self, packed, scale, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
-        """Requantize MXFP4 pair-layout ``packed`` U8 ``[..., K/2]`` / ``scale`` U8 ``[..., K/32]``:
-        decode with the MXFP4 kernel, then encode.  NaN scales (0xFF) raise ``NaNScaleError``."""
-        return self._from_mxfp4(packed, scale, imatrix, name, reference=False)
-
-    def reference_from_mxfp4(self, packed, scale, *, imatrix=None, name: str | None = None) -> dict[str, np.ndarray]:
-        """Same contract as ``from_mxfp4``, computed by the numpy references."""
-        return self._from_mxfp4(packed, scale, imatrix, name, reference=True)
-
-    def _from_mxfp4(self, packed, scale, imatrix, name, *, reference: bool) -> dict[str, np.ndarray]:
-        from ..requant import q2_k
-        from . import mxfp4
-
-        self.check_logical_shape(np.shape(packed)[:-1] + (2 * np.shape(packed)[-1],) if np.ndim(packed) else (),
-                                 name=name)
-        dec = mxfp4.decode_pair_ref if reference else mxfp4.decode_pair
-        x = dec(packed, scale, name=name)
-        enc = q2_k.encode_reference if reference else q2_k.encode
-        return {"packed": enc(x, imatrix=imatrix, name=name)}
+    label = "Q2_K"
+    encoder = "q2_k"
+    decoders = (decode_q2k, decode_q2k_ref)

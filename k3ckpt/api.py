@@ -188,7 +188,8 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
 @_for_python
 def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
          split_max_size: int | str | None = "48GB", tensor_type=(), target_bpw: float | None = None,
-         fallback_type: str | None = None, workers: int | None = None, resume: bool = False, dry_run: bool = False,
+         fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+         workers: int | None = None, resume: bool = False, dry_run: bool = False,
          max_disk: int | str | None = None, staging: str | os.PathLike | None = None, keep_source: bool = False,
          report: str | os.PathLike | None = None, progress: bool = False):
     """Write a GGUF file (or splits) that llama.cpp runs (``kimi-k3``; ``deepseek2`` from Kimi K2 /
@@ -206,6 +207,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         tensor_type: ``["REGEX=TYPE", ...]`` per-tensor types, first match wins.
         target_bpw: mixed precision: expert types chosen by measured error for this average.
         fallback_type: the type of a tensor whose rows the asked-for type cannot hold.
+        chat_template: a file whose text becomes ``tokenizer.chat_template`` (for a source
+            without one, or to replace it).
         workers: processes encoding routed experts (default: CPU count; 1: in this process).
             The files are the same bytes for any count.
         resume: continue an interrupted run writing ``out`` (same options and source): finished
@@ -224,7 +227,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     from .hub import is_hub_url
 
     options = dict(expert_type=expert_type, outtype=outtype, split_max_bytes=_size(split_max_size, "split_max_size"),
-                   tensor_type=list(tensor_type), target_bpw=target_bpw, fallback_type=fallback_type)
+                   tensor_type=list(tensor_type), target_bpw=target_bpw, fallback_type=fallback_type,
+                   chat_template=chat_template)
     if is_hub_url(str(src)):
         from .hub.convert import gguf_from_hub
 

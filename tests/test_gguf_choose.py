@@ -132,3 +132,25 @@ def test_sample_spreads_over_the_experts():
     assert _sample(3, 8) == [0, 1, 2]
     assert _sample(1, 8) == [0]
     assert np.all(np.diff(_sample(896, 8)) > 100)
+
+
+def test_chat_template_file_sets_or_replaces_the_sources(k3_tiny, tmp_path):
+    from k3ckpt.gguf.convert import plan_gguf_types
+
+    tpl = tmp_path / "chat.jinja"
+    tpl.write_text("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}", encoding="utf-8")
+    with open_checkpoint(k3_tiny) as ckpt:
+        kvs, _, _, _ = plan_gguf_types(ckpt)
+        own = [kv.value for kv in kvs if kv.key == "tokenizer.chat_template"]
+        kvs, _, _, _ = plan_gguf_types(ckpt, chat_template=tpl)
+        got = [kv.value for kv in kvs if kv.key == "tokenizer.chat_template"]
+        assert got == [tpl.read_text()] and got != own
+        for bad, match in ((tmp_path / "none.jinja", "no such file"), (tmp_path, "cannot be read")):
+            with pytest.raises(UsageError, match=match):
+                plan_gguf_types(ckpt, chat_template=bad)
+        (tmp_path / "empty.jinja").write_text("  \n")
+        with pytest.raises(UsageError, match="is empty"):
+            plan_gguf_types(ckpt, chat_template=tmp_path / "empty.jinja")
+        res = write_gguf(ckpt, tmp_path / "t.gguf", chat_template=tpl, expert_type="mxfp4")
+    field = gguf.GGUFReader(res.paths[0]).fields["tokenizer.chat_template"]
+    assert field.contents() == tpl.read_text()

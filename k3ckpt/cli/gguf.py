@@ -28,6 +28,8 @@ from .source import hub_option, source_argument
                    "per weight.")
 @click.option("--fallback-type", "fallback_type", default=None, metavar="TYPE",
               help="Type of a tensor whose rows the asked-for type cannot hold (IQ2_XS needs multiples of 256).")
+@click.option("--chat-template", "chat_template", default=None, metavar="FILE",
+              help="Write FILE's text as tokenizer.chat_template (for a source without one, or to replace it).")
 @click.option("--split-max-size", default="48GB", show_default=True, metavar="SIZE",
               help="Most tensor bytes per file, with a unit (below the Hub's 50 GB file limit); 'none': one file.")
 @click.option("--workers", type=int, default=None,
@@ -46,8 +48,8 @@ from .source import hub_option, source_argument
               help="Print the files, types, bytes, free space and a time estimate; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_type, split_max_size, workers, resume,
-            max_disk, staging, keep_source, report, dry_run, as_json, quiet):
+def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_type, chat_template, split_max_size,
+            workers, resume, max_disk, staging, keep_source, report, dry_run, as_json, quiet):
     """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
     model; Kimi K2 / DeepSeek-V3 (block FP8, K2-Thinking's INT4) as deepseek2; gpt-oss (MXFP4).
 
@@ -77,7 +79,8 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
                             private=False, revision=None, dry_run=dry_run) or {}
     size = None if split_max_size.strip().lower() == "none" else parse_size(split_max_size, "--split-max-size")
     result = api.gguf(src, out, expert_type=expert_type, outtype=outtype, split_max_size=size,
-                      tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type, workers=workers,
+                      tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
+                      chat_template=chat_template, workers=workers,
                       resume=resume, dry_run=dry_run, report=report,
                       progress=not quiet and not dry_run and sys.stderr.isatty(), **stage)
     if as_json:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ..errors import UnsupportedError, UsageError
 from ..requant.results import _float_out
+from . import container as C
 from .tensors import BF16, F16, F32, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0
-from .vocab import tokenizer_metadata  # noqa: F401  (re-exported: the vocabulary keys of a folder)
+from .vocab import tokenizer_metadata
 
 # --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
 EXPERT_TYPES = {"mxfp4": MXFP4, "iq2_xs": IQ2_XS, "iq2_xxs": IQ2_XXS, "q2_k": Q2_K, "q8_0": Q8_0, "bf16": BF16,
@@ -76,12 +77,13 @@ class GGUFResult:
 
 
 def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None, tensor_type=(),
-                    fallback_type: str | None = None, target_bpw: float | None = None, measure: bool = True,
-                    progress: bool = False):
+                    fallback_type: str | None = None, target_bpw: float | None = None,
+                    chat_template: str | os.PathLike | None = None, measure: bool = True, progress: bool = False):
     """(metadata, planned tensors, skipped source names, ``choose.TypeChoice``) for a checkpoint
     ``arch`` maps. ``tensor_type``: ``["REGEX=TYPE", ...]``; ``fallback_type``: the type of a tensor
     whose rows the asked-for type cannot hold; ``target_bpw``: measured mixed precision (with
-    ``measure=False``, as for a dry run, every expert stays at ``expert_type``)."""
+    ``measure=False``, as for a dry run, every expert stays at ``expert_type``); ``chat_template``:
+    a file whose text is written as ``tokenizer.chat_template`` (in place of the source's)."""
     from .arch import plan
     from .choose import allocate_experts, assign_types, parse_tensor_types
 
@@ -101,7 +103,23 @@ def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = 
         choice = dataclasses.replace(choice, allocation=alloc)
     if ckpt.root is None:
         raise UnsupportedError("the vocabulary is read from the checkpoint's folder; pass a local folder")
-    return kvs + tokenizer_metadata(ckpt.root, int(text["vocab_size"])), planned, skipped, choice
+    vocab = tokenizer_metadata(ckpt.root, int(text["vocab_size"]))
+    if chat_template is not None:
+        vocab = [kv for kv in vocab if kv.key != "tokenizer.chat_template"] + \
+            [C.KV("tokenizer.chat_template", C.STRING, _read_template(chat_template))]
+    return kvs + vocab, planned, skipped, choice
+
+
+def _read_template(path: str | os.PathLike) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--chat-template {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--chat-template {path}: cannot be read as UTF-8 text ({e})") from None
+    if not text.strip():
+        raise UsageError(f"--chat-template {path} is empty")
+    return text
 
 
 def plan_gguf(ckpt, **options):
@@ -113,8 +131,8 @@ def plan_gguf(ckpt, **options):
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
                split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False, progress: bool = False,
                resume: bool = False, workers: int | None = 1, tensor_type=(), target_bpw: float | None = None,
-               fallback_type: str | None = None, vocab_dir: str | os.PathLike | None = None,
-               report: str | os.PathLike | None = None) -> GGUFResult:
+               fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+               vocab_dir: str | os.PathLike | None = None, report: str | os.PathLike | None = None) -> GGUFResult:
     """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``, with its manifest beside it
     (``run``: resumable split by split, experts encoded by ``workers`` processes; the bytes depend on
     neither).  ``dry_run``: the files, tensors and bytes it would write, the free space and a time
@@ -129,7 +147,7 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
                  tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type)
     job = plan_job(view, out, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
                    tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
-                   measure=not dry_run, progress=progress)
+                   chat_template=chat_template, measure=not dry_run, progress=progress)
     if dry_run:
         return dry_result(job, estimate(view, job, n))
     return run_job(view, job, resume=resume, workers=n, report=report, progress=progress)

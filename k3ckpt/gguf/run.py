@@ -106,7 +106,8 @@ def with_root(ckpt, root: str | os.PathLike | None):
 
 
 # keyword -> the CLI flag, for plan_gguf keywords given only when the user gave them
-_LATER = {"tensor_type": "--tensor-type", "target_bpw": "--target-bpw", "fallback_type": "--fallback-type"}
+_LATER = {"tensor_type": "--tensor-type", "target_bpw": "--target-bpw", "fallback_type": "--fallback-type",
+          "chat_template": "--chat-template"}
 
 
 def _plan(ckpt, *, expert_type: str, outtype: str | None, measure: bool, progress: bool, **later):
@@ -128,11 +129,13 @@ def _plan(ckpt, *, expert_type: str, outtype: str | None, measure: bool, progres
 
 
 def job_options(*, expert_type: str = "iq2_xs", outtype: str | None = None, split_max_bytes: int | None = None,
-                tensor_type=(), target_bpw: float | None = None, fallback_type: str | None = None) -> dict:
+                tensor_type=(), target_bpw: float | None = None, fallback_type: str | None = None,
+                chat_template: str | os.PathLike | None = None) -> dict:
     """The options a manifest records (those that change the bytes; not ``workers``)."""
     return {"expert_type": expert_type.strip().lower(), "outtype": outtype.strip().lower() if outtype else None,
             "split_max_bytes": split_max_bytes, "tensor_type": list(tensor_type), "target_bpw": target_bpw,
-            "fallback_type": fallback_type.strip().lower() if fallback_type else None}
+            "fallback_type": fallback_type.strip().lower() if fallback_type else None,
+            "chat_template": str(chat_template) if chat_template is not None else None}
 
 
 def precheck(ckpt, out: str | os.PathLike, *, resume: bool, **options) -> None:
@@ -142,15 +145,17 @@ def precheck(ckpt, out: str | os.PathLike, *, resume: bool, **options) -> None:
 
 def plan_job(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
              split_max_bytes: int | None = None, tensor_type=(), target_bpw: float | None = None,
-             fallback_type: str | None = None, measure: bool = True, progress: bool = False) -> Job:
+             fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+             measure: bool = True, progress: bool = False) -> Job:
     """Everything a run of these options writes (``Job``), from ``ckpt``'s headers and vocabulary
     (``measure``: with ``target_bpw``, measure the experts to choose their types; a dry run does not)."""
     kvs, planned, skipped = _plan(ckpt, expert_type=expert_type, outtype=outtype, measure=measure,
                                   progress=progress, tensor_type=list(tensor_type), target_bpw=target_bpw,
-                                  fallback_type=fallback_type)
+                                  fallback_type=fallback_type, chat_template=chat_template)
     files = plan_files(out, kvs, [p.info for p in planned], split_max_bytes=split_max_bytes)
     options = job_options(expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
-                          tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type)
+                          tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
+                          chat_template=chat_template)
     return Job(Path(out), tuple(kvs), tuple(planned), tuple(skipped), tuple(files), split_max_bytes, options,
                source_identity(ckpt))
 

@@ -55,15 +55,12 @@ import types
 
 import numpy as np
 
-from .._numba import njit
-from ..errors import NaNScaleError, ShapeError
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_rows, class_argmax, f16_bits,
+                           freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["D_MULT", "encode", "encode_reference", "f16_bits", "round_f16"]
 
-QK = 256                     # weights per super-block
 BLOCK_BYTES = 2 + 64 + 8     # fp16 d, 32 x u16 qs, 8 bytes of 4-bit scales
-F16_MAX = 65504.0
-TINY = 2.0 ** -24            # smallest fp16 subnormal: below it nothing is representable
 
 # d candidates relative to 4 * max t* / 15.5 (the top sub-block at s = 15).
 D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
@@ -74,63 +71,15 @@ D_MULT.flags.writeable = False
 # ------------------------------------------------------------------- tables
 @functools.cache
 def search_tables() -> types.SimpleNamespace:
-    """Grid tables in norm-class order (from ``formats.iq2xs.grid_table``).
-
-    ``order[i]``: grid index of sorted point i; ``gt`` float32 [8, 512] the
-    sorted points transposed; ``cls_start`` int64 [C+1] class boundaries;
-    ``cls_norm`` float64 [C] ``|g|^2``, ascending; ``nn`` float64 [C, C]
-    ``|g1|^2 + |g2|^2`` and ``inv_nn32`` its reciprocal in float32.  Halves: each point's
-    elements 0-3 and 4-7 as one of 81 patterns ``u = d0 + 3 d1 + 9 d2 + 27 d3``
-    (``d_j`` element j's level index into ``lev`` = 8, 25, 43), ``lo[i]`` / ``hi[i]``.
-    """
+    """Grid tables in norm-class order (``_ggml_encode.grid_classes`` of ``formats.iq2xs.grid_table``)
+    and, per pair of classes, ``nn`` float64 [C, C] ``|g1|^2 + |g2|^2`` and ``inv_nn32`` its
+    reciprocal in float32."""
     from ..formats.iq2xs import grid_table
 
-    grid = grid_table().astype(np.int64)                       # [512, 8] of 8 / 25 / 43
-    norm = (grid * grid).sum(axis=1)
-    order = np.argsort(norm, kind="stable")
-    sorted_norm = norm[order]
-    starts = np.flatnonzero(np.r_[True, sorted_norm[1:] != sorted_norm[:-1]])
-    digit = np.searchsorted([8, 25, 43], grid[order])          # [512, 8] in 0..2
-    weights = 3 ** np.arange(4)
-    cls_norm = sorted_norm[starts].astype(np.float64)
-    nn = cls_norm[:, None] + cls_norm[None, :]
-    t = types.SimpleNamespace(
-        order=order.astype(np.int64),
-        gt=np.ascontiguousarray(grid[order].T.astype(np.float32)),
-        cls_start=np.r_[starts, len(order)].astype(np.int64),
-        cls_norm=cls_norm,
-        nn=nn,
-        inv_nn32=(1.0 / nn).astype(np.float32),
-        lo=(digit[:, :4] @ weights).astype(np.int64),
-        hi=(digit[:, 4:] @ weights).astype(np.int64),
-        lev=np.array([8.0, 25.0, 43.0], np.float32),
-    )
-    for arr in vars(t).values():
-        arr.flags.writeable = False
-    return t
-
-
-# ----------------------------------------------------------- fp16 rounding
-def round_f16(v: float) -> float:
-    """float64 ``v`` (finite, >= 0) rounded to the nearest fp16 value, ties to even;
-    values above 65504 clamp to 65504 (no infinity)."""
-    if v >= F16_MAX:
-        return F16_MAX
-    if v < 2.0 ** -14:                                  # subnormal fp16: a multiple of 2^-24
-        return float(np.rint(v * 2.0 ** 24)) * 2.0 ** -24
-    _, e = math.frexp(v)                                # v = m * 2^e, 0.5 <= m < 1
-    ulp = math.ldexp(1.0, e - 11)                       # 11 significant bits
-    return float(np.rint(v / ulp)) * ulp
-
-
-def f16_bits(q: float) -> int:
-    """Bits of an fp16-representable ``q >= 0`` (from ``round_f16``)."""
-    if q == 0.0:
-        return 0
-    if q < 2.0 ** -14:
-        return int(q * 2.0 ** 24)
-    m, e = math.frexp(q)
-    return ((e - 1 + 15) << 10) | int((2.0 * m - 1.0) * 1024.0)
+    t = grid_classes(grid_table())
+    t.nn = t.cls_norm[:, None] + t.cls_norm[None, :]
+    t.inv_nn32 = (1.0 / t.nn).astype(np.float32)
+    return freeze(t)
 
 
 # ------------------------------------------------------------ numba kernel
@@ -139,7 +88,6 @@ def f16_bits(q: float) -> int:
 # 2 ib + h of super-block b (H = 16 * SB_CHUNK), so a sub-block's two groups are lanes
 # m and H + m, m = 16 b + ib.  Wide lanes amortise the per-grid-point loop overhead.
 SB_CHUNK = 4
-_jit = functools.partial(njit, error_model="numpy")  # no ZeroDivisionError branch: lets loops vectorise
 
 
 @_jit
@@ -151,61 +99,16 @@ def _class_maxima(at, hpf, lev, ou, ow, cls_start, prod, p2, m2, p3, m3, hh, acc
     Per half h and pattern u, ``hh`` (flat [2, 81, 2, L]) holds ``hs`` = ((p0 + p1) + p2) + p3
     then ``hq`` = hpf * min p_j (p_j = a_j g_j; times 2 or 0 is exact, so the smaller hq
     of the two halves is hpf * the least of all 8).  B = (hs lo + hs hi) - min(hq lo, hq hi);
-    ``ou`` / ``ow`` (uint64: no wraparound checks) the two halves' row offsets per point.
-    One row per pattern and one accumulator row per class keep the hot loop at two
-    alias checks, so it vectorises with the argmax in it.
+    ``ou`` / ``ow`` the two halves' row offsets per point (``_ggml_encode.half_sums`` builds
+    ``hh``, ``class_argmax`` searches it).
     """
     nl = at.shape[1]
     for j in range(8):
         for v in range(3):
             for k in range(nl):
                 prod[j, v, k] = at[j, k] * lev[v]
-    h4 = hh.reshape((2, 81, 2, nl))                # multi-dimensional indexing in the build loops
-    for h in range(2):                             # sums and minima built up element by element
-        j = 4 * h                                  # (one store per loop: few alias checks, so it vectorises)
-        for d1 in range(3):
-            for d0 in range(3):
-                r = d0 + 3 * d1
-                for k in range(nl):
-                    p2[r, k] = prod[j, d0, k] + prod[j + 1, d1, k]
-                for k in range(nl):
-                    q0 = prod[j, d0, k]
-                    q1 = prod[j + 1, d1, k]
-                    m2[r, k] = q0 if q0 < q1 else q1
-        for d2 in range(3):
-            for r in range(9):
-                for k in range(nl):
-                    p3[r + 9 * d2, k] = p2[r, k] + prod[j + 2, d2, k]
-                for k in range(nl):
-                    q = prod[j + 2, d2, k]
-                    mq = m2[r, k]
-                    m3[r + 9 * d2, k] = mq if mq < q else q
-        for d3 in range(3):
-            for r in range(27):
-                u = r + 27 * d3
-                for k in range(nl):
-                    h4[h, u, 0, k] = p3[r, k] + prod[j + 3, d3, k]
-                for k in range(nl):
-                    q = prod[j + 3, d3, k]
-                    mq = m3[r, k]
-                    h4[h, u, 1, k] = hpf[k] * (mq if mq < q else q)
-    unl = np.uint64(nl)
-    for c in range(acc.shape[0]):
-        for k in range(nl):
-            acc[c, k] = -1.0                       # every B is >= 0
-            acc[c, nl + k] = 0.0
-        for i in range(cls_start[c], cls_start[c + 1]):
-            o1 = ou[i]
-            o2 = ow[i]
-            fi = np.float32(i)
-            for k in range(nl):
-                uk = np.uint64(k)
-                m = hh[o1 + unl + uk]
-                mm = hh[o2 + unl + uk]
-                v = (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
-                take = v > acc[c, k]               # strict: the first maximum, as numpy's argmax
-                acc[c, k] = v if take else acc[c, k]
-                acc[c, nl + k] = fi if take else acc[c, nl + k]
+    half_sums(prod, prod, hpf, p2, m2, p3, m3, hh)
+    class_argmax(hh, ou, ow, cls_start, np.float32(-1.0), acc)   # every B is >= 0
 
 
 @_jit
@@ -310,10 +213,6 @@ def _ls_d(b, s_sel, bd, norm, kc):
     return 4.0 * num / den
 
 
-_round_f16_nb = _jit(round_f16)    # the same plain functions, compiled: one definition
-_f16_bits_nb = _jit(f16_bits)
-
-
 @_jit
 def _encode_kernel(xb, sbits, gt, order, lev, lo, hi, cls_start, norm, nn, inv_nn32, d_mult, out):
     # xb [n, 256] float32 super-blocks, sbits [n, 256] uint32 (xb's bits, for the sign of
@@ -326,9 +225,7 @@ def _encode_kernel(xb, sbits, gt, order, lev, lo, hi, cls_start, norm, nn, inv_n
     ncls = norm.shape[0]
     ou = np.empty(512, np.uint64)
     ow = np.empty(512, np.uint64)
-    for i in range(512):
-        ou[i] = np.uint64(lo[i] * 2 * nl)
-        ow[i] = np.uint64((81 + hi[i]) * 2 * nl)
+    half_offsets(lo, hi, nl, ou, ow)
     a = np.zeros((nsb, 256), np.float32)
     at = np.empty((8, nl), np.float32)
     hpf = np.empty(nl, np.float32)
@@ -479,24 +376,7 @@ def _encode_kernel(xb, sbits, gt, order, lev, lo, hi, cls_start, norm, nn, inv_n
 
 # ------------------------------------------------------------------ checks
 def _rows(x, *, name: str | None) -> tuple[np.ndarray, tuple[int, ...]]:
-    x = np.asarray(x)
-    if x.dtype != np.float32 or x.ndim < 1:
-        raise ShapeError(f"IQ2_XS encoder input must be float32 [..., K], found {x.dtype} {list(x.shape)}",
-                         tensor=name)
-    k = x.shape[-1]
-    if k % QK:
-        raise ShapeError(
-            f"IQ2_XS is not applicable: it stores super-blocks of {QK} weights along the last axis and "
-            f"K = {k} is not a multiple of {QK} (gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
-            tensor=name,
-        )
-    x2 = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), k)
-    if not np.isfinite(x2).all():
-        flat = int(np.flatnonzero(~np.isfinite(x2.reshape(-1)))[0])
-        where = list(map(int, np.unravel_index(flat, x.shape)))
-        raise NaNScaleError(f"cannot encode non-finite value {x2.reshape(-1)[flat]} at {where} as IQ2_XS",
-                            tensor=name)
-    return x2, x.shape
+    return check_rows(x, "IQ2_XS", name=name)
 
 
 def encode(x, *, name: str | None = None) -> np.ndarray:

@@ -49,15 +49,12 @@ import types
 
 import numpy as np
 
-from ..errors import NaNScaleError, ShapeError
-from .iq2xs import _f16_bits_nb, _jit, _round_f16_nb, round_f16
-from .q2_k import check_imatrix
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_imatrix, check_rows, class_argmax,
+                           freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["ALT", "C_TAU", "D_MULT", "LS_STEPS", "encode", "encode_reference", "search_tables"]
 
-QK = 256
 BLOCK_BYTES = 66
-TINY = 2.0 ** -24
 D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
 ALT = 2
 LS_STEPS = 2
@@ -71,54 +68,19 @@ SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD
 
 @functools.cache
 def search_tables() -> types.SimpleNamespace:
-    """The IQ2_XXS grid in norm-class order (from ``formats.iq2xxs.grid_table``), as
-    ``requant.iq2xs.search_tables`` lays out the IQ2_XS one: ``order``, ``gt`` [8, 256],
-    ``cls_start`` [C+1], ``cls_norm`` float64 [C], half patterns ``lo`` / ``hi``, ``lev``."""
+    """The IQ2_XXS grid in norm-class order (``_ggml_encode.grid_classes`` of
+    ``formats.iq2xxs.grid_table``) and the squares ``gsq`` [8, 256] of ``gt``, ``lsq`` of ``lev``."""
     from ..formats.iq2xxs import grid_table
 
-    grid = grid_table().astype(np.int64)
-    norm = (grid * grid).sum(axis=1)
-    order = np.argsort(norm, kind="stable")
-    sorted_norm = norm[order]
-    starts = np.flatnonzero(np.r_[True, sorted_norm[1:] != sorted_norm[:-1]])
-    digit = np.searchsorted([8, 25, 43], grid[order])
-    weights = 3 ** np.arange(4)
-    t = types.SimpleNamespace(
-        order=order.astype(np.int64),
-        gt=np.ascontiguousarray(grid[order].T.astype(np.float32)),
-        gsq=np.ascontiguousarray((grid[order].T ** 2).astype(np.float32)),
-        cls_start=np.r_[starts, len(order)].astype(np.int64),
-        cls_norm=sorted_norm[starts].astype(np.float64),
-        lo=(digit[:, :4] @ weights).astype(np.int64),
-        hi=(digit[:, 4:] @ weights).astype(np.int64),
-        lev=np.array([8.0, 25.0, 43.0], np.float32),
-        lsq=np.array([64.0, 625.0, 1849.0], np.float32),
-    )
-    for arr in vars(t).values():
-        arr.flags.writeable = False
-    return t
+    t = grid_classes(grid_table())
+    t.gsq = t.gt * t.gt
+    t.lsq = t.lev * t.lev
+    return freeze(t)
 
 
 # ------------------------------------------------------------------ checks
 def _rows(x, *, name: str | None) -> tuple[np.ndarray, tuple[int, ...]]:
-    x = np.asarray(x)
-    if x.dtype != np.float32 or x.ndim < 1:
-        raise ShapeError(f"IQ2_XXS encoder input must be float32 [..., K], found {x.dtype} {list(x.shape)}",
-                         tensor=name)
-    k = x.shape[-1]
-    if k % QK:
-        raise ShapeError(
-            f"IQ2_XXS is not applicable: it stores super-blocks of {QK} weights along the last axis and "
-            f"K = {k} is not a multiple of {QK} (gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
-            tensor=name,
-        )
-    x2 = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), k)
-    if not np.isfinite(x2).all():
-        flat = int(np.flatnonzero(~np.isfinite(x2.reshape(-1)))[0])
-        where = list(map(int, np.unravel_index(flat, x.shape)))
-        raise NaNScaleError(f"cannot encode non-finite value {x2.reshape(-1)[flat]} at {where} as IQ2_XXS",
-                            tensor=name)
-    return x2, x.shape
+    return check_rows(x, "IQ2_XXS", name=name)
 
 
 # --------------------------------------------------------------- reference
@@ -325,8 +287,8 @@ def _min_err(bd, nn, k, tt):
 @_jit
 def _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prodm, p2, m2, p3, m3, hh, acc):
     """``acc[c, k]``: the best score B - htau N over class c's points for lane k, ``acc[c, L + k]``
-    the first point reaching it (as float32: exact).  The layout and loops of
-    ``requant.iq2xs._class_maxima``, with the sums taken over ``w a g - (htau w) g^2`` and the
+    the first point reaching it (as float32: exact).  ``requant.iq2xs._class_maxima``'s pass
+    (``_ggml_encode.half_sums``, ``class_argmax``), with the sums taken over ``w a g - (htau w) g^2`` and the
     flip's minimum over ``w a g`` (``at`` = w a, ``wl`` = w, ``lsq`` = the levels squared)."""
     nl = at.shape[1]
     for j in range(8):
@@ -335,53 +297,8 @@ def _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prodm, 
                 pm = at[j, k] * lev[v]
                 prodm[j, v, k] = pm
                 prods[j, v, k] = pm - (htau[k] * wl[j, k]) * lsq[v]
-    h4 = hh.reshape((2, 81, 2, nl))
-    for h in range(2):
-        j = 4 * h
-        for d1 in range(3):
-            for d0 in range(3):
-                r = d0 + 3 * d1
-                for k in range(nl):
-                    p2[r, k] = prods[j, d0, k] + prods[j + 1, d1, k]
-                for k in range(nl):
-                    q0 = prodm[j, d0, k]
-                    q1 = prodm[j + 1, d1, k]
-                    m2[r, k] = q0 if q0 < q1 else q1
-        for d2 in range(3):
-            for r in range(9):
-                for k in range(nl):
-                    p3[r + 9 * d2, k] = p2[r, k] + prods[j + 2, d2, k]
-                for k in range(nl):
-                    q = prodm[j + 2, d2, k]
-                    mq = m2[r, k]
-                    m3[r + 9 * d2, k] = mq if mq < q else q
-        for d3 in range(3):
-            for r in range(27):
-                u = r + 27 * d3
-                for k in range(nl):
-                    h4[h, u, 0, k] = p3[r, k] + prods[j + 3, d3, k]
-                for k in range(nl):
-                    q = prodm[j + 3, d3, k]
-                    mq = m3[r, k]
-                    h4[h, u, 1, k] = hpf[k] * (mq if mq < q else q)
-    unl = np.uint64(nl)
-    ninf = np.float32(-np.inf)
-    for c in range(acc.shape[0]):
-        for k in range(nl):
-            acc[c, k] = ninf                       # scores may be negative
-            acc[c, nl + k] = 0.0
-        for i in range(cls_start[c], cls_start[c + 1]):
-            o1 = ou[i]
-            o2 = ow[i]
-            fi = np.float32(i)
-            for k in range(nl):
-                uk = np.uint64(k)
-                m = hh[o1 + unl + uk]
-                mm = hh[o2 + unl + uk]
-                v = (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
-                take = v > acc[c, k]               # strict: the first maximum, as numpy's argmax
-                acc[c, k] = v if take else acc[c, k]
-                acc[c, nl + k] = fi if take else acc[c, nl + k]
+    half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh)
+    class_argmax(hh, ou, ow, cls_start, np.float32(-np.inf), acc)   # scores may be negative
 
 
 @_jit
@@ -454,9 +371,7 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lsq, lo, hi, cls_start, n
     f0 = np.float32(0.0)
     ou = np.empty(256, np.uint64)
     ow = np.empty(256, np.uint64)
-    for i in range(256):
-        ou[i] = np.uint64(lo[i] * 2 * nl)
-        ow[i] = np.uint64((81 + hi[i]) * 2 * nl)
+    half_offsets(lo, hi, nl, ou, ow)
     xs = np.zeros((nsb, 256), np.float32)
     ws = np.zeros((nsb, 256), np.float32)
     at = np.empty((8, nl), np.float32)
@@ -665,7 +580,7 @@ def _eval_d(dn, b, tstar, bd, nn, ns, s_out):
 def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """float32 ``[..., K]`` (K a multiple of 256, finite) -> IQ2_XXS bytes U8 ``[..., K/256*66]`` (numba, one thread).
 
-    ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``requant.q2_k.check_imatrix``)."""
+    ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``_ggml_encode.check_imatrix``)."""
     x2, shape = _rows(x, name=name)
     qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
     t = search_tables()

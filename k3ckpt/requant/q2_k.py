@@ -43,14 +43,11 @@ import math
 
 import numpy as np
 
-from ..errors import NaNScaleError, ShapeError, UsageError
-from .iq2xs import _f16_bits_nb, _jit, _round_f16_nb, round_f16
+from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_imatrix, check_rows, round_f16
 
 __all__ = ["D_MULT", "FINAL_LLOYD", "LLOYD", "LS_STEPS", "M_MULT", "R_CAND", "check_imatrix", "encode", "encode_reference"]
 
-QK = 256
 BLOCK_BYTES = 16 + 64 + 2 + 2
-TINY = 2.0 ** -24
 
 # Step 1: trial steps (3 + r) / range; step 2: d and dmin candidates relative to max / 15.
 R_CAND = np.array([-0.8, -0.4, 0.0, 0.4, 0.8], np.float32)
@@ -70,52 +67,8 @@ F1 = np.float32(1.0)
 
 
 # ------------------------------------------------------------------ checks
-def _rows(x, *, name: str | None) -> tuple[np.ndarray, tuple[int, ...]]:
-    x = np.asarray(x)
-    if x.dtype != np.float32 or x.ndim < 1:
-        raise ShapeError(f"Q2_K encoder input must be float32 [..., K], found {x.dtype} {list(x.shape)}",
-                         tensor=name)
-    k = x.shape[-1]
-    if k % QK:
-        raise ShapeError(
-            f"Q2_K is not applicable: it stores super-blocks of {QK} weights along the last axis and "
-            f"K = {k} is not a multiple of {QK} (gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
-            tensor=name,
-        )
-    x2 = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), k)
-    if not np.isfinite(x2).all():
-        flat = int(np.flatnonzero(~np.isfinite(x2.reshape(-1)))[0])
-        where = list(map(int, np.unravel_index(flat, x.shape)))
-        raise NaNScaleError(f"cannot encode non-finite value {x2.reshape(-1)[flat]} at {where} as Q2_K",
-                            tensor=name)
-    return x2, x.shape
-
-
-def check_imatrix(imatrix, k: int, *, name: str | None = None) -> np.ndarray:
-    """The importance per column as float32 ``[K]``, scaled by a power of two to a largest value
-    in [0.5, 1) (the error weighs relative importance only); None -> all ones.
-
-    Raises:
-        UsageError: wrong length, negative or non-finite values.
-    """
-    if imatrix is None:
-        return np.ones(k, np.float32)
-    q = np.asarray(imatrix)
-    if q.ndim != 1 or q.shape[0] != k or not (q.dtype.kind == "f" or q.dtype.kind in "iu"):
-        raise UsageError(f"the importance matrix must be one number per column ({k}), "
-                         f"found {q.dtype} {list(q.shape)}", tensor=name)
-    q = q.astype(np.float32)
-    if not np.isfinite(q).all() or (q < 0).any():
-        bad = int(np.flatnonzero(~(np.isfinite(q) & (q >= 0)))[0])
-        raise UsageError(f"importance values must be finite and >= 0, column {bad} is {q[bad]}", tensor=name)
-    top = float(q.max()) if k else 0.0
-    if top == 0.0:
-        return np.ones(k, np.float32)
-    return (q * np.float32(math.ldexp(1.0, -math.frexp(top)[1]))).astype(np.float32)
-
-
 def _prepare(x, imatrix, name):
-    x2, shape = _rows(x, name=name)
+    x2, shape = check_rows(x, "Q2_K", name=name)
     qw = check_imatrix(imatrix, x2.shape[1], name=name)
     return x2, shape, qw
 

@@ -1,0 +1,207 @@
+"""What the llama.cpp-family encoders (``requant.iq2xs``, ``iq2xxs``, ``q2_k``) share.
+
+Input checks, the importance matrix, fp16 rounding of a super-block's scales
+(plain Python, compiled once more for the kernels), and the E8-grid search
+pieces both i-quants run: the grid in norm-class order and the SIMD-lane pass
+that finds each class's best point (``half_sums`` then ``class_argmax``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+
+import numpy as np
+
+from .._numba import njit
+from ..errors import NaNScaleError, ShapeError, UsageError
+
+__all__ = ["QK", "TINY", "check_imatrix", "check_rows", "class_argmax", "f16_bits", "grid_classes",
+           "half_offsets", "half_sums", "round_f16"]
+
+QK = 256                     # weights per super-block
+F16_MAX = 65504.0
+TINY = 2.0 ** -24            # smallest fp16 subnormal: below it nothing is representable
+_jit = functools.partial(njit, error_model="numpy")  # no ZeroDivisionError branch: lets loops vectorise
+
+
+# ------------------------------------------------------------------ checks
+def check_rows(x, label: str, *, name: str | None) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Encoder input: finite float32 ``[..., K]``, K a multiple of 256 -> rows ``[M, K]`` and its shape."""
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim < 1:
+        raise ShapeError(f"{label} encoder input must be float32 [..., K], found {x.dtype} {list(x.shape)}",
+                         tensor=name)
+    k = x.shape[-1]
+    if k % QK:
+        raise ShapeError(
+            f"{label} is not applicable: it stores super-blocks of {QK} weights along the last axis and "
+            f"K = {k} is not a multiple of {QK} (gpt-oss's 2880 is not; K3's 3584 and 3072 are)",
+            tensor=name,
+        )
+    x2 = np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), k)
+    if not np.isfinite(x2).all():
+        flat = int(np.flatnonzero(~np.isfinite(x2.reshape(-1)))[0])
+        where = list(map(int, np.unravel_index(flat, x.shape)))
+        raise NaNScaleError(f"cannot encode non-finite value {x2.reshape(-1)[flat]} at {where} as {label}",
+                            tensor=name)
+    return x2, x.shape
+
+
+def check_imatrix(imatrix, k: int, *, name: str | None = None) -> np.ndarray:
+    """The importance per column as float32 ``[K]``, scaled by a power of two to a largest value
+    in [0.5, 1) (the error weighs relative importance only); None -> all ones.
+
+    Raises:
+        UsageError: wrong length, negative or non-finite values.
+    """
+    if imatrix is None:
+        return np.ones(k, np.float32)
+    q = np.asarray(imatrix)
+    if q.ndim != 1 or q.shape[0] != k or not (q.dtype.kind == "f" or q.dtype.kind in "iu"):
+        raise UsageError(f"the importance matrix must be one number per column ({k}), "
+                         f"found {q.dtype} {list(q.shape)}", tensor=name)
+    q = q.astype(np.float32)
+    if not np.isfinite(q).all() or (q < 0).any():
+        bad = int(np.flatnonzero(~(np.isfinite(q) & (q >= 0)))[0])
+        raise UsageError(f"importance values must be finite and >= 0, column {bad} is {q[bad]}", tensor=name)
+    top = float(q.max()) if k else 0.0
+    if top == 0.0:
+        return np.ones(k, np.float32)
+    return (q * np.float32(math.ldexp(1.0, -math.frexp(top)[1]))).astype(np.float32)
+
+
+# ----------------------------------------------------------- fp16 rounding
+def round_f16(v: float) -> float:
+    """float64 ``v`` (finite, >= 0) rounded to the nearest fp16 value, ties to even;
+    values above 65504 clamp to 65504 (no infinity)."""
+    if v >= F16_MAX:
+        return F16_MAX
+    if v < 2.0 ** -14:                                  # subnormal fp16: a multiple of 2^-24
+        return float(np.rint(v * 2.0 ** 24)) * 2.0 ** -24
+    _, e = math.frexp(v)                                # v = m * 2^e, 0.5 <= m < 1
+    ulp = math.ldexp(1.0, e - 11)                       # 11 significant bits
+    return float(np.rint(v / ulp)) * ulp
+
+
+def f16_bits(q: float) -> int:
+    """Bits of an fp16-representable ``q >= 0`` (from ``round_f16``)."""
+    if q == 0.0:
+        return 0
+    if q < 2.0 ** -14:
+        return int(q * 2.0 ** 24)
+    m, e = math.frexp(q)
+    return ((e - 1 + 15) << 10) | int((2.0 * m - 1.0) * 1024.0)
+
+
+_round_f16_nb = _jit(round_f16)    # the same plain functions, compiled: one definition
+_f16_bits_nb = _jit(f16_bits)
+
+
+# ------------------------------------------------------------- E8 grids
+def grid_classes(grid: np.ndarray) -> types.SimpleNamespace:
+    """An i-quant grid (uint8 [P, 8] of 8 / 25 / 43) in norm-class order.
+
+    ``order[i]``: grid index of sorted point i; ``gt`` float32 [8, P] the
+    sorted points transposed; ``cls_start`` int64 [C+1] class boundaries;
+    ``cls_norm`` float64 [C] ``|g|^2``, ascending.  Halves: each point's
+    elements 0-3 and 4-7 as one of 81 patterns ``u = d0 + 3 d1 + 9 d2 + 27 d3``
+    (``d_j`` element j's level index into ``lev`` = 8, 25, 43), ``lo[i]`` / ``hi[i]``.
+    Arrays are writable: the caller adds its own and freezes them all (``freeze``).
+    """
+    grid = grid.astype(np.int64)
+    norm = (grid * grid).sum(axis=1)
+    order = np.argsort(norm, kind="stable")
+    sorted_norm = norm[order]
+    starts = np.flatnonzero(np.r_[True, sorted_norm[1:] != sorted_norm[:-1]])
+    digit = np.searchsorted([8, 25, 43], grid[order])          # [P, 8] in 0..2
+    weights = 3 ** np.arange(4)
+    return types.SimpleNamespace(
+        order=order.astype(np.int64),
+        gt=np.ascontiguousarray(grid[order].T.astype(np.float32)),
+        cls_start=np.r_[starts, len(order)].astype(np.int64),
+        cls_norm=sorted_norm[starts].astype(np.float64),
+        lo=(digit[:, :4] @ weights).astype(np.int64),
+        hi=(digit[:, 4:] @ weights).astype(np.int64),
+        lev=np.array([8.0, 25.0, 43.0], np.float32),
+    )
+
+
+def freeze(t: types.SimpleNamespace) -> types.SimpleNamespace:
+    for arr in vars(t).values():
+        arr.flags.writeable = False
+    return t
+
+
+@_jit
+def half_offsets(lo, hi, nl, ou, ow):
+    """Row offsets into ``half_sums``' flat ``hh`` of each point's two halves (uint64: no
+    wraparound checks in the hot loop)."""
+    for i in range(lo.shape[0]):
+        ou[i] = np.uint64(lo[i] * 2 * nl)
+        ow[i] = np.uint64((81 + hi[i]) * 2 * nl)
+
+
+@_jit
+def half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh):
+    """Per half h and pattern u, ``hh`` (flat [2, 81, 2, L]) gets ``hs`` = ((p0 + p1) + p2) + p3
+    of ``prods`` then ``hq`` = hpf * min p_j of ``prodm`` (``prod*[j, v, k]``: element j at level
+    v for lane k; times 2 or 0 is exact, so the smaller hq of the two halves is hpf * the least
+    of all 8).  Built up element by element, one store per loop: few alias checks, so it vectorises."""
+    nl = hpf.shape[0]
+    h4 = hh.reshape((2, 81, 2, nl))                # multi-dimensional indexing in the build loops
+    for h in range(2):
+        j = 4 * h
+        for d1 in range(3):
+            for d0 in range(3):
+                r = d0 + 3 * d1
+                for k in range(nl):
+                    p2[r, k] = prods[j, d0, k] + prods[j + 1, d1, k]
+                for k in range(nl):
+                    q0 = prodm[j, d0, k]
+                    q1 = prodm[j + 1, d1, k]
+                    m2[r, k] = q0 if q0 < q1 else q1
+        for d2 in range(3):
+            for r in range(9):
+                for k in range(nl):
+                    p3[r + 9 * d2, k] = p2[r, k] + prods[j + 2, d2, k]
+                for k in range(nl):
+                    q = prodm[j + 2, d2, k]
+                    mq = m2[r, k]
+                    m3[r + 9 * d2, k] = mq if mq < q else q
+        for d3 in range(3):
+            for r in range(27):
+                u = r + 27 * d3
+                for k in range(nl):
+                    h4[h, u, 0, k] = p3[r, k] + prods[j + 3, d3, k]
+                for k in range(nl):
+                    q = prodm[j + 3, d3, k]
+                    mq = m3[r, k]
+                    h4[h, u, 1, k] = hpf[k] * (mq if mq < q else q)
+
+
+@_jit
+def class_argmax(hh, ou, ow, cls_start, init, acc):
+    """``acc[c, k]``: the largest ``(hs lo + hs hi) - min(hq lo, hq hi)`` over class c's points
+    for lane k (from ``init``), and ``acc[c, L + k]`` the first point reaching it (its index, as
+    float32: exact).  One accumulator row per class keeps the hot loop at two alias checks, so
+    it vectorises with the argmax in it."""
+    nl = acc.shape[1] // 2
+    unl = np.uint64(nl)
+    for c in range(acc.shape[0]):
+        for k in range(nl):
+            acc[c, k] = init
+            acc[c, nl + k] = 0.0
+        for i in range(cls_start[c], cls_start[c + 1]):
+            o1 = ou[i]
+            o2 = ow[i]
+            fi = np.float32(i)
+            for k in range(nl):
+                uk = np.uint64(k)
+                m = hh[o1 + unl + uk]
+                mm = hh[o2 + unl + uk]
+                v = (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
+                take = v > acc[c, k]               # strict: the first maximum, as numpy's argmax
+                acc[c, k] = v if take else acc[c, k]
+                acc[c, nl + k] = fi if take else acc[c, nl + k]

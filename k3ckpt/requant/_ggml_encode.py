@@ -17,7 +17,7 @@ import numpy as np
 from .._numba import njit
 from ..errors import NaNScaleError, ShapeError, UsageError
 
-__all__ = ["QK", "TINY", "check_imatrix", "check_rows", "class_argmax", "f16_bits", "grid_classes",
+__all__ = ["QK", "TINY", "best_d", "check_imatrix", "check_rows", "class_argmax", "f16_bits", "grid_classes",
            "half_offsets", "half_sums", "round_f16"]
 
 QK = 256                     # weights per super-block
@@ -97,6 +97,21 @@ def f16_bits(q: float) -> int:
 
 _round_f16_nb = _jit(round_f16)    # the same plain functions, compiled: one definition
 _f16_bits_nb = _jit(f16_bits)
+
+
+def best_d(d0: float, unscale: float, d_mult, eval_d):
+    """The references' fp16 ``d`` candidates ``d0 * m`` (normalised, ``unscale`` the block's power of
+    two): the first with the least ``eval_d(dn)[0]``; returns ``(total, dn, eval_d(dn)[1])``,
+    ``dn`` 0.0 when every candidate underflows fp16."""
+    best_total, best_dn, s_sel = np.inf, 0.0, None
+    for m in d_mult:
+        dn = round_f16(d0 * m * unscale) / unscale
+        if dn == 0.0:
+            continue
+        tot, sc = eval_d(dn)
+        if tot < best_total:
+            best_total, best_dn, s_sel = tot, dn, sc
+    return best_total, best_dn, s_sel
 
 
 # ------------------------------------------------------------- E8 grids

@@ -55,8 +55,8 @@ import types
 
 import numpy as np
 
-from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_rows, class_argmax, f16_bits,
-                           freeze, grid_classes, half_offsets, half_sums, round_f16)
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, check_rows, class_argmax,
+                           f16_bits, freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["D_MULT", "encode", "encode_reference", "f16_bits", "round_f16"]
 
@@ -451,14 +451,7 @@ def _ref_block(x: np.ndarray, t) -> np.ndarray:
 
     # 3. d candidates and least-squares refinement
     d0 = 4.0 * float(tstar.max()) / 15.5
-    best_total, best_dn, s_sel = np.inf, 0.0, None
-    for m in D_MULT:
-        dn = round_f16(d0 * m * unscale) / unscale
-        if dn == 0.0:
-            continue
-        tot, sc = eval_d(dn)
-        if tot < best_total:
-            best_total, best_dn, s_sel = tot, dn, sc
+    best_total, best_dn, s_sel = best_d(d0, unscale, D_MULT, eval_d)
     if best_dn == 0.0:
         return np.zeros(BLOCK_BYTES, np.uint8)
     for _ in range(LS_STEPS):

@@ -49,8 +49,8 @@ import types
 
 import numpy as np
 
-from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_imatrix, check_rows, class_argmax,
-                           freeze, grid_classes, half_offsets, half_sums, round_f16)
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, check_imatrix, check_rows,
+                           class_argmax, freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["ALT", "C_TAU", "D_MULT", "LS_STEPS", "encode", "encode_reference", "search_tables"]
 
@@ -197,14 +197,7 @@ def _ref_block(x: np.ndarray, q: np.ndarray, t) -> np.ndarray:
     for v in tstar:
         tmax = v if v > tmax else tmax
     d0 = 4.0 * tmax / 15.5
-    best_total, best_dn, s_sel = np.inf, 0.0, None
-    for fm in D_MULT:
-        dn = round_f16(d0 * fm * unscale) / unscale
-        if dn == 0.0:
-            continue
-        tot, sc = eval_d(dn)
-        if tot < best_total:
-            best_total, best_dn, s_sel = tot, dn, sc
+    best_total, best_dn, s_sel = best_d(d0, unscale, D_MULT, eval_d)
     if best_dn == 0.0:
         return np.zeros(BLOCK_BYTES, np.uint8)
     for _ in range(LS_STEPS):

@@ -25,8 +25,9 @@ In one run, on a K3-shaped fixture at the real expert shapes (``k3ckpt fixture k
 Every step runs as a child process, timed, with its process tree sampled from /proc every
 0.2 s: peak memory (summed RSS, and PSS, which counts pages shared by the pool's workers
 once), CPU seconds (user + system over every process; on 2 shared cores a steadier figure
-than wall time), and the allocated bytes of its output folder (hidden partial files
-included): the peak disk.  The converter and the quantizer fsync what they write, as we and the
+than wall time), the allocated bytes of its output folder (hidden partial files
+included): the peak disk, and the mean load average over the step (above 2 on 2 cores,
+other work shared them).  The converter and the quantizer fsync what they write, as we and the
 baseline do.
 
 ggml's IQ2_XS runs at about 1.15 M weights/s a thread, about an hour for a 4 GB fixture,
@@ -59,7 +60,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,6 +121,7 @@ class Step:
     tree_pss: int
     own_rss: int
     peak_disk: int
+    load: float         # mean 1-minute load average over the step (2 cores: above 2, others shared them)
     extrapolated: bool = False
 
 
@@ -169,6 +171,7 @@ def measured(label: str, argv: list[str], disk_dirs, *, stdout=subprocess.DEVNUL
     proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, cwd=REPO)
     peak = [0, 0, 0]
     cpu: dict[int, float] = {}
+    loads: list[float] = []
     done = threading.Event()
     err: list[bytes] = []
 
@@ -179,6 +182,7 @@ def measured(label: str, argv: list[str], disk_dirs, *, stdout=subprocess.DEVNUL
             pss = sum(_pss(p) for p in now) if n % PSS_EVERY == 0 else 0
             n += 1
             cpu.update((p, c) for p, (_, c) in now.items())
+            loads.append(os.getloadavg()[0])
             rss = sum(r for r, _ in now.values())
             peak[:] = max(peak[0], rss), max(peak[1], pss), max(peak[2], allocated(disk_dirs))
             done.wait(TICK_S)
@@ -195,7 +199,8 @@ def measured(label: str, argv: list[str], disk_dirs, *, stdout=subprocess.DEVNUL
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"{label} failed: {' '.join(argv)}\n{b''.join(err).decode()[-4000:]}")
     peak[2] = max(peak[2], allocated(disk_dirs))
-    return Step(label, wall, sum(cpu.values()), peak[0], peak[1], usage.ru_maxrss * 1024, peak[2])
+    return Step(label, wall, sum(cpu.values()), peak[0], peak[1], usage.ru_maxrss * 1024, peak[2],
+                sum(loads) / max(1, len(loads)))
 
 
 def log(*a) -> None:
@@ -401,7 +406,7 @@ def run(args, root: Path) -> dict:
     log("(a) disk baseline ...")
     read_s, read_bytes = read_direct(fixture)
     write_s = write_synced(ours_dir, out_bytes)
-    a = Step("(a) disk baseline", read_s + write_s, 0.0, 0, 0, 0, out_bytes)
+    a = Step("(a) disk baseline", read_s + write_s, 0.0, 0, 0, 0, out_bytes, os.getloadavg()[0])
 
     evict(fixture)
     log("(c1) llama.cpp convert_hf_to_gguf.py -> MXFP4 GGUF ...")
@@ -418,11 +423,10 @@ def run(args, root: Path) -> dict:
     rest = g["expert_weights"] - g["quantized_weights"]
     extrapolated = rest > 0
     if extrapolated:
-        c2 = Step(c2.label, c2.wall_s + rest / rate, c2.cpu_s + rest / cpu_rate, c2.tree_rss, c2.tree_pss,
-                  c2.own_rss, c2.peak_disk, True)
+        c2 = replace(c2, wall_s=c2.wall_s + rest / rate, cpu_s=c2.cpu_s + rest / cpu_rate, extrapolated=True)
     c = Step("(c) llama.cpp route", c1.wall_s + c2.wall_s, c1.cpu_s + c2.cpu_s, max(c1.tree_rss, c2.tree_rss),
              max(c1.tree_pss, c2.tree_pss), max(c1.own_rss, c2.own_rss), max(c1.peak_disk, c2.peak_disk),
-             extrapolated)
+             (c1.load * c1.wall_s + c2.load * c2.wall_s) / (c1.wall_s + c2.wall_s), extrapolated)
 
     snr_experts = g["sampled"] if extrapolated else {
         n: sample_experts(len(v), SNR_EXPERTS_ALL) for n, v in g["sampled"].items()}
@@ -456,7 +460,7 @@ def render(r: dict) -> None:
     print(f"fixture {fx['name']}: {fx['bytes'] / gb:.2f} GB in {fx['shards']} shards; our output "
           f"{r['output_bytes'] / gb:.2f} GB; load average {load['start']:.2f} at start, {load['end']:.2f} at end")
     print(f"{'':24s} {'wall s':>9s} {'CPU s':>9s} {'tree RSS MiB':>13s} {'tree PSS MiB':>13s} "
-          f"{'peak disk GB':>13s} {'SNR dB':>7s}")
+          f"{'peak disk GB':>13s} {'SNR dB':>7s} {'load':>5s}")
     snr_of = {"(b) k3ckpt gguf": snr["ours_db"], "(c2) ggml IQ2_XS": snr["ggml_db"],
               "(c) llama.cpp route": snr["ggml_db"]}
     for s in r["steps"]:
@@ -466,7 +470,7 @@ def render(r: dict) -> None:
         rss, pss = (f"{s[k] / mib:.0f}" if s[k] else "-" for k in ("tree_rss", "tree_pss"))
         v = snr_of.get(s["label"])
         print(f"{s['label']:24s} {wall:>9s} {cpu:>9s} {rss:>13s} {pss:>13s} {s['peak_disk'] / gb:13.3f} "
-              f"{'' if v is None else f'{v:7.2f}'}")
+              f"{'' if v is None else f'{v:7.2f}':>7s} {s['load']:5.2f}")
     print(f"(a) = read {d['read_bytes'] / gb:.2f} GB in {d['read_s']:.1f} s (O_DIRECT) + write and fsync "
           f"{r['output_bytes'] / gb:.2f} GB in {d['write_s']:.1f} s")
     rate = (f"{g['rate_weights_per_s'] / 1e6:.2f} M weights/s with {r['ggml_threads']} threads "

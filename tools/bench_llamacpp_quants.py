@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_requant  # noqa: E402  (same data generator and timing helper)
+from bench_iq2xs import pin_one_core  # noqa: E402  (the same pinning)
 from k3ckpt.formats import iq2xxs as fmt_iq2xxs  # noqa: E402
 from k3ckpt.formats import mxfp4  # noqa: E402
 from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
@@ -53,14 +54,6 @@ FORMATS = {
     "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k, False),
     "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs, True),
 }
-
-
-def pin_one_core() -> str:
-    if not hasattr(os, "sched_setaffinity"):
-        return "not pinned (no sched_setaffinity)"
-    cpu = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpu})
-    return f"pinned to CPU {cpu}"
 
 
 def ggml_quantizer():

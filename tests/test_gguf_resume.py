@@ -70,10 +70,10 @@ def test_resume_refuses_other_options_or_source(k3_tiny, clean, tmp_path, monkey
         kill_after_split(mp, 1)
         with open_checkpoint(k3_tiny) as c, pytest.raises(Killed):
             write_gguf(c, out, split_max_bytes=SPLIT)
-    from k3ckpt.gguf import run
+    from k3ckpt.gguf import convert
 
     with monkeypatch.context() as mp, open_checkpoint(k3_tiny) as c:
-        mp.setattr(run, "_plan", lambda *a, **k: pytest.fail("planned before refusing"))  # refused first
+        mp.setattr(convert, "plan_gguf_types", lambda *a, **k: pytest.fail("planned before refusing"))  # refused first
         with pytest.raises(ResumeMismatchError) as e:
             write_gguf(c, out, split_max_bytes=SPLIT, expert_type="q8_0", resume=True)
         assert "--expert-type was iq2_xs, now q8_0" in str(e.value) and "\n" not in str(e.value)

@@ -105,29 +105,6 @@ def with_root(ckpt, root: str | os.PathLike | None):
     return ckpt if root is None else _Rooted(ckpt, Path(root))
 
 
-# keyword -> the CLI flag, for plan_gguf keywords given only when the user gave them
-_LATER = {"tensor_type": "--tensor-type", "target_bpw": "--target-bpw", "fallback_type": "--fallback-type",
-          "chat_template": "--chat-template"}
-
-
-def _plan(ckpt, *, expert_type: str, outtype: str | None, measure: bool, progress: bool, **later):
-    """``plan_gguf``, passing ``tensor_type`` / ``target_bpw`` / ``fallback_type`` only when given
-    (with ``target_bpw``: ``measure``, false for a dry run, and ``progress`` of the measuring pass)."""
-    import inspect
-
-    from .convert import plan_gguf
-
-    given = {k: v for k, v in later.items() if v is not None and v != [] and v != ()}
-    params = inspect.signature(plan_gguf).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        for k in given:
-            if k not in params:
-                raise UnsupportedError(f"{_LATER[k]} is not supported by k3ckpt gguf yet")
-    if "target_bpw" in given:
-        given.update(measure=measure, progress=progress)
-    return plan_gguf(ckpt, expert_type=expert_type, outtype=outtype, **given)
-
-
 def job_options(*, expert_type: str = "iq2_xs", outtype: str | None = None, split_max_bytes: int | None = None,
                 tensor_type=(), target_bpw: float | None = None, fallback_type: str | None = None,
                 chat_template: str | os.PathLike | None = None) -> dict:
@@ -149,9 +126,11 @@ def plan_job(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outty
              measure: bool = True, progress: bool = False) -> Job:
     """Everything a run of these options writes (``Job``), from ``ckpt``'s headers and vocabulary
     (``measure``: with ``target_bpw``, measure the experts to choose their types; a dry run does not)."""
-    kvs, planned, skipped = _plan(ckpt, expert_type=expert_type, outtype=outtype, measure=measure,
-                                  progress=progress, tensor_type=list(tensor_type), target_bpw=target_bpw,
-                                  fallback_type=fallback_type, chat_template=chat_template)
+    from .convert import plan_gguf
+
+    kvs, planned, skipped = plan_gguf(ckpt, expert_type=expert_type, outtype=outtype, measure=measure,
+                                      progress=progress, tensor_type=list(tensor_type), target_bpw=target_bpw,
+                                      fallback_type=fallback_type, chat_template=chat_template)
     files = plan_files(out, kvs, [p.info for p in planned], split_max_bytes=split_max_bytes)
     options = job_options(expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
                           tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,

@@ -12,7 +12,7 @@ from k3ckpt.errors import ShapeError, UsageError
 from k3ckpt.gguf.choose import _sample
 from k3ckpt.gguf.convert import plan_gguf_types, write_gguf
 from k3ckpt.gguf.produce import expert_piece
-from k3ckpt.gguf.tensors import BF16, F32, IQ2_XS, MXFP4, Q8_0
+from k3ckpt.gguf.tensors import F32, IQ2_XS, MXFP4, Q8_0
 from k3ckpt.io.reader import open_checkpoint
 
 

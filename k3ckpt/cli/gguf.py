@@ -16,7 +16,8 @@ from .source import hub_option, source_argument
 @click.argument("out")
 @hub_option
 @click.option("--expert-type", default="iq2_xs", show_default=True, metavar="TYPE",
-              help="ggml type of the routed experts: iq2_xs, iq2_xxs, q2_k, mxfp4 (lossless repack), q8_0, bf16, f16, f32 "
+              help="ggml type of the routed experts: iq2_xs, iq2_xxs, q2_k, mxfp4 (lossless repack), q8_0, bf16, "
+                   "f16, f32 "
                    "(any case, as ggml spells them).")
 @click.option("--outtype", default=None, metavar="TYPE",
               help="bf16, f16, q8_0 or f32 for the other tensors llama.cpp does not keep in f32 "

@@ -387,10 +387,8 @@ def _encode_kernel(xb, sbits, qb, gt, gsq, order, lev, lsq, lo, hi, cls_start, n
     bd = np.empty((nl, ncls))             # per lane, its classes contiguous (the scalar loops run over c)
     nn = np.empty((nl, ncls))
     tstar = np.zeros(ns)
-    cls = np.zeros(4, np.int64)
     s_try = np.zeros(ns, np.int64)
     s_sel = np.zeros(ns, np.int64)
-    tot = np.zeros(nsb)
     best_total = np.zeros(nsb)
     best_dn = np.zeros(nsb)
     for b0 in range(0, nblk, nsb):
@@ -579,5 +577,6 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     t = search_tables()
     xb = x2.reshape(-1, QK)
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
-    _encode_kernel(xb, xb.view(np.uint32), qw, t.gt, t.gsq, t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, out)
+    _encode_kernel(xb, xb.view(np.uint32), qw, t.gt, t.gsq, t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start, t.cls_norm,
+                   D_MULT, out)
     return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))

@@ -30,26 +30,13 @@ from .tensors import Planned, Recipe
 
 def one_expert(p: Planned, e: int) -> Planned:
     """Expert ``e`` of stacked expert tensor ``p`` as a plan of its own (one expert, ``[1, rows, K]``):
-    ``produce.tensor_pieces`` of it is exactly that expert's piece of ``p``."""
+    ``produce.expert_piece(.., 0)`` of it is exactly that expert's piece of ``p``."""
     r = p.recipe
     info = C.TensorInfo(p.info.name, p.info.ggml_type, (1,) + tuple(p.info.shape[1:]))
     if r.rows:          # gpt-oss: every expert in one fused tensor, so the piece is expert e of it
         return replace(p, info=info, recipe=replace(r, arg=1, first=r.first + e))
     per = len(r.sources) // r.arg
     return replace(p, info=info, recipe=Recipe("experts", r.sources[e * per:(e + 1) * per], 1))
-
-
-def expert_bytes(ckpt, p: Planned, e: int) -> bytes:
-    from .produce import tensor_pieces
-
-    return b"".join(tensor_pieces(ckpt, one_expert(p, e)))
-
-
-def measured(ckpt, p: Planned, e: int, *, measure: bool):
-    """Expert ``e`` of ``p`` (``produce.ExpertPiece``; with ``measure``, its report row)."""
-    from .produce import expert_piece
-
-    return expert_piece(ckpt, one_expert(p, e), 0, measure=measure, number=e)
 
 
 class SourceFiles:

@@ -83,22 +83,11 @@ def _copy_bytes(raw: np.ndarray, src_dtype: str, ggml_type: int) -> bytes:
 def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int,
             want_ref: bool = False) -> tuple[bytes, np.ndarray | None]:
     """One expert's bytes and, with ``want_ref``, the float32 source values they stand for."""
-    from ..formats.mxfp4 import decode_pair
-
     if src_dtype != "MXFP4":
         raw = _load(ckpt, srcs, src_dtype)
         ref = (raw if src_dtype in DECODED else _as_f32(raw, src_dtype)) if want_ref else None
         return _copy_bytes(raw, src_dtype, ggml_type), ref
-    from ..formats import get_format
-    from ..formats.gguf_mxfp4 import pair_to_gguf
-
-    packed, scale = ckpt.read_raw(srcs[0]), ckpt.read_raw(srcs[1])
-    x = decode_pair(packed, scale, name=srcs[0]) if want_ref or ggml_type not in (MXFP4, *_FROM_MXFP4) else None
-    if ggml_type == MXFP4:
-        return pair_to_gguf(packed, scale, name=srcs[0]).tobytes(), x
-    if ggml_type in _FROM_MXFP4:
-        return get_format(_FROM_MXFP4[ggml_type]).from_mxfp4(packed, scale, name=srcs[0])["packed"].tobytes(), x
-    return float_bytes(x, ggml_type), x
+    return _pair_expert(ckpt.read_raw(srcs[0]), ckpt.read_raw(srcs[1]), srcs[0], ggml_type, want_ref)
 
 
 # gpt-oss fused experts: which rows of each expert a recipe takes (gate_up_proj interleaves gate, up)
@@ -124,7 +113,8 @@ def fused_pair(ckpt, r, expert: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _pair_expert(packed: np.ndarray, scale: np.ndarray, name: str, ggml_type: int,
                  want_ref: bool = False) -> tuple[bytes, np.ndarray | None]:
-    """``_expert``'s MXFP4 conversions, for codes already read (gpt-oss's fused experts)."""
+    """An MXFP4 expert's bytes (and, with ``want_ref``, its decoded values), from codes already read:
+    a lossless repack, k3ckpt's encoder of the codes, or decoded and re-encoded."""
     from ..formats import get_format
     from ..formats.gguf_mxfp4 import pair_to_gguf
     from ..formats.mxfp4 import decode_pair
@@ -138,19 +128,17 @@ def _pair_expert(packed: np.ndarray, scale: np.ndarray, name: str, ggml_type: in
 
 
 def decode_ggml(data: bytes, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
-    """float32 values of ``data``, a ``ggml_type`` tensor of numpy ``shape`` (rows last): k3ckpt's
-    decoders for the types it encodes, the ``gguf`` package's for the rest."""
+    """float32 values of ``data``, a ``ggml_type`` tensor of numpy ``shape`` (rows last): the decoder
+    of the k3ckpt format that encodes the type (``_FROM_FLOAT``), the ``gguf`` package's for the rest."""
     raw = np.frombuffer(data, dtype=np.uint8)
     if ggml_type == F32:
         return raw.view(np.float32).reshape(shape)
-    if ggml_type == IQ2_XS:
-        from ..formats.iq2xs import decode_iq2xs
+    if ggml_type in _FROM_FLOAT:
+        from ..formats import get_format
 
-        return decode_iq2xs(raw.reshape(-1, len(data) // int(np.prod(shape[:-1])))).reshape(shape)
-    if ggml_type == MXFP4:
-        from ..formats.gguf_mxfp4 import decode_gguf
-
-        return decode_gguf(raw.reshape(-1, len(data) // int(np.prod(shape[:-1])))).reshape(shape)
+        fid, part = _FROM_FLOAT[ggml_type]
+        rows = int(np.prod(shape[:-1]))
+        return get_format(fid).decode({part: raw.reshape(rows, len(data) // rows)}).reshape(shape)
     import gguf
 
     return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type)).reshape(shape).astype(np.float32)

@@ -179,13 +179,14 @@ def _rate(ckpt, p: Planned) -> float:
 
 def _timed(ckpt, p: Planned, n: int) -> float:
     """Seconds to produce ``n`` rows of random values laid out as ``p``'s first expert."""
-    from .pool import _Arrays, expert_bytes, one_expert
+    from .pool import _Arrays, one_expert
+    from .produce import expert_piece
 
     sub = one_expert(p, 0)
     sample = _Arrays(_sample_arrays(ckpt, sub.recipe.sources, int(p.info.shape[1]), n, np.random.default_rng(0)))
     part = replace(sub, info=C.TensorInfo(p.info.name, p.info.ggml_type, (1, n, int(p.info.shape[2]))))
     t0 = time.perf_counter()
-    expert_bytes(sample, part, 0)
+    expert_piece(sample, part, 0)
     return time.perf_counter() - t0
 
 

@@ -13,6 +13,7 @@ fetching them again.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -93,6 +94,28 @@ def shard_from_hub(url: str, plan, dst: str | os.PathLike, *, resume: bool = Fal
         return HubRun(result, (), str(ckpt.hub.url), ckpt.hub.commit, ckpt.staging.stats(), pf)
 
 
+def _listing(ckpt, path: str) -> list:
+    """The Hub's entries of folder ``path`` of the source's repo, at the pinned commit."""
+    files, client = ckpt.hub.files, ckpt.staging.stager.client
+    repo, commit = files.requested.repo_id, files.commit
+    return client.call(lambda: list(client.api.list_repo_tree(repo, path_in_repo=path or None, revision=commit,
+                                                               recursive=False, expand=False)),
+                       file=str(files.url), repo_id=repo, revision=commit)
+
+
+def _fetch_side_file(ckpt, entry, dst: Path) -> None:
+    """Repo file ``entry`` copied to ``dst`` through the Hugging Face cache, via a hidden partial file."""
+    from .remote import RemoteFile, _download
+
+    files = ckpt.hub.files
+    cached = _download(ckpt.staging.stager.client, files.requested.repo_id, files.commit,
+                       RemoteFile(entry.path, int(entry.size), entry.blob_id), label=files.label(entry.path))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.partial")
+    shutil.copyfile(cached, tmp)
+    os.replace(tmp, dst)
+
+
 def fetch_side_files(ckpt, dst: str | os.PathLike) -> tuple[str, ...]:
     """Copy the source folder's small non-weight files (tokenizer, generation config, ...) that
     ``dst``'s manifest does not list yet into it, through the Hugging Face cache, and list them.
@@ -102,28 +125,19 @@ def fetch_side_files(ckpt, dst: str | os.PathLike) -> tuple[str, ...]:
 
     from ..io.manifest import RunManifest
     from ..io.reader import CONFIG_NAME, INDEX_NAME
-    from .remote import RemoteFile, _download
 
-    files, client = ckpt.hub.files, ckpt.staging.stager.client
-    repo, commit, folder = files.requested.repo_id, files.commit, files.folder
-    listing = client.call(lambda: list(client.api.list_repo_tree(repo, path_in_repo=folder or None, revision=commit,
-                                                                  recursive=False, expand=False)),
-                          file=str(files.url), repo_id=repo, revision=commit)
+    folder = ckpt.hub.files.folder
     prefix = folder + "/" if folder else ""
     dst = Path(dst)
     manifest = RunManifest.load(dst)
     copied = []
-    for e in sorted(listing, key=lambda e: e.path):
+    for e in sorted(_listing(ckpt, folder), key=lambda e: e.path):
         name = e.path[len(prefix):]
         if (not isinstance(e, RepoFile) or "/" in name or name.startswith(".") or name in _NOT_SIDE
                 or name.endswith(".safetensors") or name in (INDEX_NAME, CONFIG_NAME)
                 or e.size > SIDE_FILE_LIMIT or name in manifest.records):   # outputs, or copied before
             continue
-        cached = _download(client, repo, commit, RemoteFile(e.path, int(e.size), e.blob_id),
-                           label=files.label(e.path))
-        tmp = dst / f".{name}.partial"
-        shutil.copyfile(cached, tmp)
-        os.replace(tmp, dst / name)
+        _fetch_side_file(ckpt, e, dst / name)
         manifest.record(name)
         copied.append(name)
     return tuple(copied)
@@ -141,20 +155,12 @@ def download_side_files(ckpt, folder: str | os.PathLike) -> tuple[str, ...]:
     from huggingface_hub.hf_api import RepoFile, RepoFolder
 
     from ..io.reader import INDEX_NAME
-    from .remote import RemoteFile, _download
 
-    files, client = ckpt.hub.files, ckpt.staging.stager.client
-    repo, commit, top = files.requested.repo_id, files.commit, files.folder
-
-    def listing(path: str):
-        return client.call(lambda: list(client.api.list_repo_tree(repo, path_in_repo=path or None, revision=commit,
-                                                                   recursive=False, expand=False)),
-                           file=str(files.url), repo_id=repo, revision=commit)
-
+    top = ckpt.hub.files.folder
     prefix = top + "/" if top else ""
-    entries = listing(top)
+    entries = _listing(ckpt, top)
     if any(isinstance(e, RepoFolder) and e.path == prefix + _TEMPLATES for e in entries):
-        entries += [e for e in listing(prefix + _TEMPLATES) if e.path.endswith(".jinja")]
+        entries += [e for e in _listing(ckpt, prefix + _TEMPLATES) if e.path.endswith(".jinja")]
     folder = Path(folder)
     copied = []
     for e in sorted(entries, key=lambda e: e.path):
@@ -163,12 +169,7 @@ def download_side_files(ckpt, folder: str | os.PathLike) -> tuple[str, ...]:
                 or name.endswith(".safetensors") or e.size > SIDE_FILE_LIMIT
                 or ("/" in name and not name.startswith(_TEMPLATES + "/"))):
             continue
-        cached = _download(client, repo, commit, RemoteFile(e.path, int(e.size), e.blob_id), label=files.label(e.path))
-        dst = folder / name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.partial")
-        shutil.copyfile(cached, tmp)
-        os.replace(tmp, dst)
+        _fetch_side_file(ckpt, e, folder / name)
         copied.append(name)
     return tuple(copied)
 
@@ -272,7 +273,7 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
             grow = 0
             if options.get("target_bpw") is not None:   # measured types may be larger than the base plan's
                 experts = [p for p in base.planned if p.recipe.kind == "experts"]
-                weights = sum(_numel(p.info.shape) for p in experts)
+                weights = sum(math.prod(p.info.shape) for p in experts)
                 grow = max(0, int(weights * float(options["target_bpw"]) / 8) - sum(p.info.nbytes for p in experts))
             budget = None if max_disk is None else gguf_budget(ckpt, base.total_size + grow, max_disk, side_bytes)
             if dry_run:
@@ -307,13 +308,6 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
     finally:
         if tmp is not None:
             tmp.cleanup()
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _last_use(ckpt, job) -> dict[str, int]:

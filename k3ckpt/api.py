@@ -63,7 +63,7 @@ def _size(value, what: str) -> int | None:
     """Bytes from an int or a string with a unit (``"5GB"``); None stays None."""
     if value is None or isinstance(value, int):
         return value
-    from .shard.devices import parse_bytes
+    from .placement.devices import parse_bytes
 
     return parse_bytes(str(value), what)
 
@@ -299,7 +299,7 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = "mo
 @_for_python
 def plan(src, devices, *, format: str | None = None, requant_report=None, loads=None, trace=None, heldout=None,
          redundant: int | None = None, slots_per_gpu: int | None = None, mode: str = "auto", dense: str = "hbm",
-         model_id: str | None = None, seed: int = 1):
+         model_id: str | None = None, seed: int = 1, pp_partition=None, **planner_options):
     """Plan expert placement or an expert cache of ``src`` on ``devices`` (``Plan``; docs/planner.md).
 
     Args:
@@ -317,16 +317,25 @@ def plan(src, devices, *, format: str | None = None, requant_report=None, loads=
         dense: ``hbm`` (dense weights on the GPUs) or ``host`` (in host DRAM).
         model_id: name recorded in the plan.
         seed: seed of the synthetic loads and trace.
+        pp_partition: cache mode: decoder layers per GPU (``VLLM_PP_LAYER_PARTITION``).
+        planner_options: ``include_vision``, ``synthetic_tokens``, ... and the planner's
+            own (``host_fraction``, ``topology``; ``k3ckpt.placement.inputs.plan``).
     """
-    from .planning import plan as _plan
+    from .placement.inputs import plan_inputs
 
-    return _plan(src, devices, format_id=format, requant_report=requant_report, loads=loads, trace=trace,
-                 heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
-                 model_id=model_id, seed=seed)
+    def run(source):
+        return plan_inputs(source, devices, format_id=format, requant_report=requant_report, loads=loads,
+                           trace=trace, heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode,
+                           dense=dense, model_id=model_id, seed=seed, pp_partition=pp_partition, **planner_options)
+
+    if isinstance(src, (str, os.PathLike)):
+        with open_source(src) as ckpt:
+            return run(ckpt)
+    return run(src)
 
 
 def _load_plan(plan):
-    from .shard.plan import Plan
+    from .placement.spec import Plan
 
     if isinstance(plan, Plan):
         return plan

@@ -22,7 +22,7 @@ import pytest
 
 from k3ckpt.cli.main import main
 from k3ckpt.cli.plan import command, plan_from_options, render_plan
-from k3ckpt.shard.plan import MoEGeometry, Plan
+from k3ckpt.placement.spec import MoEGeometry, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
@@ -162,9 +162,10 @@ def test_worked_example_error_without_dense_host():
     page = "k3-2xRTX5090-nvme.md"
     args = doc_command(page)
     i = args.index("--dense")
-    params = dict(command.make_context("plan", args[:i] + args[i + 2:]).params)
+    ctx = command.make_context("plan", args[:i] + args[i + 2:])
+    params = dict(ctx.params)
     params.pop("src")
-    with pytest.raises(UsageError) as exc:
+    with ctx, pytest.raises(UsageError) as exc:   # in the command's context: the CLI's wording
         plan_from_options(_k3(params), **params)
     line = error_message(exc.value)
     doc = (DOCS / page).read_text()

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from k3ckpt.cli.main import main
-from k3ckpt.shard.devices import parse_devices
-from k3ckpt.shard.plan import MoEGeometry, make_plan
+from k3ckpt.placement.devices import parse_devices
+from k3ckpt.placement.spec import MoEGeometry
+from k3ckpt.placement.planner import make_plan
 
 ROOT = str(Path(__file__).resolve().parents[1])
 EXPERT_BYTES = 3 * (256 * 128 + 256 * 8)
@@ -160,9 +161,9 @@ def test_help_stays_light():
 def test_plans_from_the_planner(k3_tiny, tmp_path, capsys):
     """Plans made by ``k3ckpt plan`` (library side) from the checkpoint itself shard as they are:
     a moet-w2 cache plan with layout moet; the same plan is refused for layout k3ckpt (other bytes)."""
-    from k3ckpt import planning
+    from k3ckpt import api
 
-    plan = planning.plan(k3_tiny, "2xRTX-5090", format_id="moet-w2", mode="cache")
+    plan = api.plan(k3_tiny, "2xRTX-5090", format="moet-w2", mode="cache")
     (tmp_path / "plan.json").write_text(plan.to_json())
     base = ["shard", str(k3_tiny), "--plan", str(tmp_path / "plan.json"), "-q"]
     assert main(base[:2] + [str(tmp_path / "m")] + base[2:] + ["--layout", "moet"]) == 0

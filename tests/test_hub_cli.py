@@ -102,8 +102,9 @@ def test_requant_cli_hub_option_errors(hub, k3_tiny, tmp_path):
 def test_shard_cli_from_hub(hub, k3_tiny, tmp_path):
     import numpy as np
 
-    from k3ckpt.shard.devices import parse_devices
-    from k3ckpt.shard.plan import MoEGeometry, make_plan
+    from k3ckpt.placement.devices import parse_devices
+    from k3ckpt.placement.spec import MoEGeometry
+    from k3ckpt.placement.planner import make_plan
 
     hub.add_repo("moonshotai/Kimi-K3-tiny", k3_tiny)
     geo = MoEGeometry(3, 8, 2, 3 * (256 * 128 + 256 * 8), 10**6, (1, 2, 3), "k3-tiny")

@@ -241,9 +241,10 @@ def test_offline_is_a_clear_error(served, hub, tmp_path, monkeypatch):
 
 
 def test_shard_from_hub_matches_local(served, k3_tiny, tmp_path, monkeypatch):
-    from k3ckpt.shard.devices import parse_devices
+    from k3ckpt.placement.devices import parse_devices
     from k3ckpt.shard.materialize import shard_checkpoint
-    from k3ckpt.shard.plan import MoEGeometry, make_plan
+    from k3ckpt.placement.spec import MoEGeometry
+    from k3ckpt.placement.planner import make_plan
 
     _, client = served
     expert_bytes = 3 * (256 * 128 + 256 * 8)

@@ -76,7 +76,7 @@ def test_inspect_of_a_mixed_output(k3_tiny, tmp_path, source_facts):
     assert r.params_total == src.params_total
 
 def test_plan_of_a_moet_w2_output_counts_moet_w2_bytes(k3_tiny, tmp_path):
-    from k3ckpt.shard import geometry_from_checkpoint as gfc
+    from k3ckpt.placement import from_checkpoint as gfc
 
     api.requant(k3_tiny, tmp_path / "out", format="moet-w2", workers=1, progress=False)
     with api.open_source(tmp_path / "out") as ck:

@@ -9,14 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from k3ckpt import api, planning
+from k3ckpt import api
+from k3ckpt.placement import inputs as planning
 from k3ckpt.api import open_source
 from k3ckpt.cli.main import main
 from k3ckpt.errors import UnsupportedError, UsageError
-from k3ckpt.shard import geometry_from_checkpoint as gfc
-from k3ckpt.shard.cache import hot_order, rank_keys, simulate
-from k3ckpt.shard.devices import parse_devices
-from k3ckpt.shard.plan import MoEGeometry, Plan
+from k3ckpt.placement import from_checkpoint as gfc
+from k3ckpt.placement.cache import hot_order, rank_keys, simulate
+from k3ckpt.placement.devices import parse_devices
+from k3ckpt.placement.spec import MoEGeometry, Plan
 
 from test_planning import header_sums
 
@@ -95,7 +96,7 @@ def _k3_mixed(share_mxfp4: float, seed: int = 0) -> MoEGeometry:
 def test_cache_tiers_hold_the_hottest_experts_that_fit():
     geo = _k3_mixed(0.3)
     devices = parse_devices("2xRTX-5090", nvme="2x14", host_dram="512GB")
-    p = planning.plan(geo, devices, dense="host", synthetic_trace_tokens=64)
+    p = api.plan(geo, devices, dense="host", synthetic_trace_tokens=64)
     assert p.mode == "cache" and p.format_id == "stored"
     table = geo.bytes_table().ravel()
     c = p.cache
@@ -131,7 +132,7 @@ def test_cache_without_trace_weights_each_expert_by_its_size():
     geo = MoEGeometry(2, 8, 2, 40, 0, (1, 2), per_expert_bytes=[[10, 20, 30, 40] * 2, [40, 30, 20, 10] * 2])
     loads = np.array([[8, 7, 6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6, 7, 8]], dtype=float) * 10
     devices = parse_devices("1xRTX-5090", nvme="1x7", reserved_kv=32 * 10**9 - 70)   # 70 B of HBM
-    from k3ckpt.shard.plan import make_plan
+    from k3ckpt.placement.planner import make_plan
 
     p = make_plan(geo, devices, loads, mode="cache", host_fraction=0.0)
     n1 = int(p.cache.hbm_slots[0])
@@ -146,7 +147,7 @@ def test_cache_without_trace_weights_each_expert_by_its_size():
 
 def test_placement_sizes_slots_for_each_layers_largest_expert():
     geo = _k3_mixed(0.05)
-    p = planning.plan(geo, "64xGB200", synthetic_trace_tokens=0)
+    p = api.plan(geo, "64xGB200", synthetic_trace_tokens=0)
     r = p.placement_report
     reserved = p.devices.reserved_bytes   # the default 10 % of HBM
     assert reserved == 18_600_000_000
@@ -182,7 +183,7 @@ def test_shard_checks_expert_sizes_against_the_plan(k3_tiny, mixed):
     from k3ckpt.shard.materialize import check_plan
     from k3ckpt.shard.source import read_source
 
-    p = planning.plan(k3_tiny, "2xH100", format_id="stored")
+    p = api.plan(k3_tiny, "2xH100", format="stored")
     assert p.format_id == "stored" and not p.model.mixed
     with open_source(k3_tiny) as ck:
         src = read_source(ck)
@@ -197,7 +198,7 @@ def test_shard_checks_expert_sizes_against_the_plan(k3_tiny, mixed):
         assert src.mixed and src.storage == "moet-w2+mxfp4-pack-quantized"
         with pytest.raises(UsageError, match="plan this checkpoint with --format stored"):
             check_plan(src, p, "k3ckpt")
-        check_plan(src, planning.plan(ck, "2xH100"), "k3ckpt")
+        check_plan(src, api.plan(ck, "2xH100"), "k3ckpt")
         with pytest.raises(UnsupportedError, match="layout 'moet' builds the runtime's NVMe packs from the MXFP4"):
             read_source(ck, moet=True)
 
@@ -214,7 +215,7 @@ def test_shard_a_mixed_output(mixed, tmp_path, mode):
     _, out = mixed
     devices = "2xH100" if mode == "placement" else parse_devices("2xRTX-5090", nvme="1x7")
     with open_checkpoint(out) as ck:
-        p = planning.plan(ck, devices, mode=mode)
+        p = api.plan(ck, devices, mode=mode)
         res = shard_checkpoint(ck, p, tmp_path / "sh", progress=False)
         rep = verify_output(tmp_path / "sh", source=ck)
         assert rep.ok, rep.problems
@@ -262,7 +263,7 @@ def test_shard_a_mixed_output_resumes_to_the_same_bytes(mixed, tmp_path, monkeyp
         return real(*a, **k)
 
     with open_checkpoint(mixed[1]) as ck:
-        p = planning.plan(ck, parse_devices("2xRTX-5090", nvme="1x7"), mode="cache")
+        p = api.plan(ck, parse_devices("2xRTX-5090", nvme="1x7"), mode="cache")
         materialize.shard_checkpoint(ck, p, tmp_path / "ref", progress=False)
         monkeypatch.setattr(materialize, "_copy_expert", dying)
         with pytest.raises(Boom):

@@ -1,5 +1,5 @@
-"""``k3ckpt.planning.plan`` and the geometry read from checkpoint headers
-(``k3ckpt.shard.geometry_from_checkpoint``)."""
+"""``k3ckpt.placement.inputs.plan`` and the geometry read from checkpoint headers
+(``k3ckpt.placement.from_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from k3ckpt import planning
+from k3ckpt import api
+from k3ckpt.placement import inputs as planning
 from k3ckpt.api import open_source
 from k3ckpt.errors import InvalidFileError, NotFoundError, UnsupportedError, UsageError
-from k3ckpt.shard import geometry_from_checkpoint as gfc
-from k3ckpt.shard.devices import parse_devices
-from k3ckpt.shard.plan import MoEGeometry, Plan
+from k3ckpt.placement import from_checkpoint as gfc
+from k3ckpt.placement.devices import parse_devices
+from k3ckpt.placement.spec import MoEGeometry, Plan
 
 GiB = 2**30
 SMALL = MoEGeometry(4, 16, 4, 1 * GiB, 20 * 10**9, (1, 2, 3, 4), "toy", 1000)
@@ -174,71 +175,71 @@ def _plan_notes(p):
 def test_shorthand_defaults_are_the_clis():
     """planning.plan with "8xH100" = `k3ckpt plan --devices 8xH100`: the preset's host
     DRAM (2 TB a DGX: 256 GB a GPU) and 10 % of HBM reserved, each noted."""
-    p = planning.plan(SMALL, "8xH100", loads=_loads(SMALL), redundant=0)
+    p = api.plan(SMALL, "8xH100", loads=_loads(SMALL), redundant=0)
     d = p.devices
     assert d.host_dram_bytes == 8 * 256 * 10**9
     assert (d.reserved_kv_bytes, d.reserved_act_bytes) == (6_400_000_000, 1_600_000_000)
     assert [n.split(":")[0] for n in p.notes] == ["host DRAM", "reserved HBM"]
-    q = planning.plan(SMALL, parse_devices("8xH100"), loads=_loads(SMALL), redundant=0)   # a DeviceSet: as is
+    q = api.plan(SMALL, parse_devices("8xH100"), loads=_loads(SMALL), redundant=0)   # a DeviceSet: as is
     assert q.devices.reserved_bytes == 0 and q.devices.host_dram_bytes == 0 and q.notes == ()
 
 
 def test_plan_synthetic_is_deterministic():
-    a = planning.plan(SMALL, "8xH100", synthetic_tokens=5000, synthetic_trace_tokens=64)
-    b = planning.plan(SMALL, parse_devices("8xH100", host_dram="2048GB", reserved_kv="8%", reserved_act="2%"),
+    a = api.plan(SMALL, "8xH100", synthetic_tokens=5000, synthetic_trace_tokens=64)
+    b = api.plan(SMALL, parse_devices("8xH100", host_dram="2048GB", reserved_kv="8%", reserved_act="2%"),
                       synthetic_tokens=5000, synthetic_trace_tokens=64)
     assert a.to_dict()["devices"] == b.to_dict()["devices"] and a.mode == "placement"
     assert a.to_json() == dataclasses.replace(b, notes=a.notes).to_json() and _plan_notes(a) == b.notes
     assert any(n.startswith("loads: synthetic") and "seed 1" in n for n in a.notes)
     assert a.placement_report.traffic_source == "trace"
-    c = planning.plan(SMALL, "8xH100", seed=2, synthetic_tokens=5000, synthetic_trace_tokens=64)
+    c = api.plan(SMALL, "8xH100", seed=2, synthetic_tokens=5000, synthetic_trace_tokens=64)
     assert c.to_json() != a.to_json()
     assert Plan.from_json(a.to_json()).notes == a.notes
 
 
 def test_plan_inputs_and_notes(tmp_path):
     loads = _loads(SMALL)
-    p = planning.plan(SMALL, "8xH100", loads=loads, redundant=0)
+    p = api.plan(SMALL, "8xH100", loads=loads, redundant=0)
     assert _plan_notes(p) == () and p.placement_report.traffic_source == "independent"
     assert p.placement_report.total_slots == 16
     # loads as a file, with one row per model layer (row 0 = dense layer 0): cut to layer_ids
     full = np.vstack([np.zeros((1, 16)), loads])
     np.save(tmp_path / "l.npy", full)
-    q = planning.plan(SMALL, "8xH100", loads=tmp_path / "l.npy", redundant=0)
+    q = api.plan(SMALL, "8xH100", loads=tmp_path / "l.npy", redundant=0)
     assert q.to_json() == p.to_json()
     # a trace alone: its counts are the loads, and it is also the held-out trace (noted)
     tr = _trace(SMALL, 30)
-    r = planning.plan(SMALL, "8xH100", trace=tr)
+    r = api.plan(SMALL, "8xH100", trace=tr)
     assert any("selection counts" in n for n in r.notes) and any("in-sample" in n for n in r.notes)
     # with loads and a separate held-out trace: nothing to note
-    s = planning.plan(SMALL, "8xH100", loads=loads, heldout=tr)
+    s = api.plan(SMALL, "8xH100", loads=loads, heldout=tr)
     assert _plan_notes(s) == () and s.placement_report.traffic_source == "trace"
 
 
 def test_plan_bad_input():
     with pytest.raises(UsageError, match=r"loads are \[4, 12\]; the model needs \[4, 16\]"):
-        planning.plan(SMALL, "8xH100", loads=np.ones((4, 12)))
+        api.plan(SMALL, "8xH100", loads=np.ones((4, 12)))
     with pytest.raises(UsageError, match=r"loads are \[3, 16\].*\[5, 16\] \(one row per model layer\)"):
-        planning.plan(SMALL, "8xH100", loads=np.ones((3, 16)))
+        api.plan(SMALL, "8xH100", loads=np.ones((3, 16)))
     bad = np.ones((4, 16))
     bad[2, 3] = np.nan
     with pytest.raises(UsageError, match="layer row 2, expert 3 is nan"):
-        planning.plan(SMALL, "8xH100", loads=bad)
+        api.plan(SMALL, "8xH100", loads=bad)
     bad[2, 3] = -4
     with pytest.raises(UsageError, match="negative"):
-        planning.plan(SMALL, "8xH100", loads=bad)
+        api.plan(SMALL, "8xH100", loads=bad)
     with pytest.raises(UsageError, match=r"trace is \[\*, 4, 3\], the model needs \[\*, 4, 4\]"):
-        planning.plan(SMALL, "8xH100", loads=np.ones((4, 16)), heldout=np.zeros((2, 4, 3), dtype=np.int32))
+        api.plan(SMALL, "8xH100", loads=np.ones((4, 16)), heldout=np.zeros((2, 4, 3), dtype=np.int32))
     with pytest.raises(UsageError, match="unknown device 'H900'"):
-        planning.plan(SMALL, "8xH900")
-    with pytest.raises(UsageError, match="unknown --format"):
-        planning.plan(SMALL, "8xH100", format_id="nope")
+        api.plan(SMALL, "8xH900")
+    with pytest.raises(UsageError, match="unknown format=.nope."):
+        api.plan(SMALL, "8xH100", format="nope")
     with pytest.raises(UsageError, match="mode must be"):
-        planning.plan(SMALL, "8xH100", mode="fast")
+        api.plan(SMALL, "8xH100", mode="fast")
     with pytest.raises(UsageError, match="dense must be"):
-        planning.plan(SMALL, "8xH100", dense="disk")
+        api.plan(SMALL, "8xH100", dense="disk")
     with pytest.raises(NotFoundError, match="loads file not found"):
-        planning.plan(SMALL, "8xH100", loads="nowhere.npy")
+        api.plan(SMALL, "8xH100", loads="nowhere.npy")
 
 
 def test_capacity_checks():
@@ -262,9 +263,9 @@ def test_plan_dense_host():
     ds = parse_devices("2xRTX-5090", nvme="2x14@4TB", host_dram="64GB")
     geo = MoEGeometry(4, 64, 4, 1 * GiB, 20 * 10**9, (1, 2, 3, 4), "toy", 1000)
     with pytest.raises(UsageError, match="dense"):  # 10 GB of dense per GPU leaves 22 experts: fine; 40 GB not
-        planning.plan(dataclasses.replace(geo, dense_bytes=80 * 10**9), ds, loads=_loads(geo))
-    on_gpu = planning.plan(geo, ds, loads=_loads(geo))
-    on_host = planning.plan(geo, ds, loads=_loads(geo), dense="host")
+        api.plan(dataclasses.replace(geo, dense_bytes=80 * 10**9), ds, loads=_loads(geo))
+    on_gpu = api.plan(geo, ds, loads=_loads(geo))
+    on_host = api.plan(geo, ds, loads=_loads(geo), dense="host")
     assert on_gpu.mode == on_host.mode == "cache"
     assert on_host.model.dense_bytes == 0 and on_host.devices.host_dram_bytes == 44 * 10**9
     # the GPUs gain the dense share (10 GB) in experts; the host tier loses 20 GB
@@ -274,14 +275,14 @@ def test_plan_dense_host():
 
 
 def test_plan_from_checkpoint_path_and_object(k3_tiny):
-    a = planning.plan(k3_tiny, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
+    a = api.plan(k3_tiny, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
     with open_source(k3_tiny) as ck:
-        b = planning.plan(ck, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
+        b = api.plan(ck, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
         # the headers name no model: the plan takes the model the profile detects
         geo = dataclasses.replace(gfc.moe_geometry(ck), model_id="Kimi K3")
-    c = planning.plan(geo, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
+    c = api.plan(geo, "8xH100", synthetic_tokens=2000, synthetic_trace_tokens=32)
     assert a.to_json() == b.to_json() == c.to_json()
     assert a.model == geo and a.format_id == "mxfp4-pack-quantized"
-    w2 = planning.plan(k3_tiny, "8xH100", format_id="moet-w2", synthetic_tokens=2000, synthetic_trace_tokens=32)
+    w2 = api.plan(k3_tiny, "8xH100", format="moet-w2", synthetic_tokens=2000, synthetic_trace_tokens=32)
     assert w2.format_id == "moet-w2" and w2.model.expert_bytes == 3 * 256 * 256 // 32 * 9
     assert any("moet-w2" in n for n in w2.notes)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from k3ckpt.cli.main import main
-from k3ckpt.shard.plan import Plan
+from k3ckpt.placement.spec import Plan
 
 pytestmark = pytest.mark.slow
 

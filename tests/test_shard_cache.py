@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from k3ckpt.errors import UsageError
-from k3ckpt.shard.cache import ONLINE, POLICIES, RankCache, simulate, simulate_rank, split_layers
+from k3ckpt.placement.cache import ONLINE, POLICIES, RankCache, simulate, simulate_rank, split_layers
 
 # Silberschatz et al., Operating System Concepts: reference string, 3 frames:
 # FIFO 15 faults, LRU 12 faults, OPT (Belady) 9 faults.

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from k3ckpt.errors import NotFoundError, UsageError
-from k3ckpt.shard.devices import (
+from k3ckpt.placement.devices import (
     CATALOG,
     GB,
     load_device_set,
@@ -88,7 +88,7 @@ def test_sizes_need_a_unit():
     with pytest.raises(UsageError, match="no unit"):
         parse_nvme("2x14@4")
     with pytest.raises(UsageError, match="no unit"):
-        from k3ckpt.shard.devices import device_set_from_dict
+        from k3ckpt.placement.devices import device_set_from_dict
 
         device_set_from_dict({"device": "H100", "host_dram": "2048"})
     with pytest.raises(UsageError, match="leaves nothing"):

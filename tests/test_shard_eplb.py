@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from k3ckpt.errors import UsageError
-from k3ckpt.shard.eplb import balanced_packing, rebalance_experts, rebalance_hierarchical, replicate_experts
+from k3ckpt.placement.eplb import balanced_packing, rebalance_experts, rebalance_hierarchical, replicate_experts
 
 TOY = np.array([[600, 560, 120, 120, 20, 10, 10, 10]], dtype=float)
 

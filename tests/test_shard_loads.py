@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from k3ckpt.errors import UsageError
-from k3ckpt.shard.loads import (
+from k3ckpt.placement.loads import (
     check_trace,
     loads_from_trace,
     read_keep_tiers,
@@ -16,7 +16,7 @@ from k3ckpt.shard.loads import (
     read_trace,
     write_loads,
 )
-from k3ckpt.shard.plan import MoEGeometry
+from k3ckpt.placement.spec import MoEGeometry
 
 GEO = MoEGeometry(3, 4, 2, 1000, 0, (3, 4, 5))
 

@@ -22,11 +22,12 @@ from k3ckpt.errors import (
 from k3ckpt.io.manifest import RunManifest
 from k3ckpt.io.reader import open_checkpoint
 from k3ckpt.shard import materialize
-from k3ckpt.shard.devices import parse_devices
+from k3ckpt.placement.devices import parse_devices
 from k3ckpt.shard.materialize import rank_work, shard_checkpoint
 from k3ckpt.shard.moet_pack import PackIdentity, SlotGeometry, expected_values_from_mxfp4, slot_values
 from k3ckpt.shard.packs import ALIGN, ExpertPack, PackBuilder, PackRecord, PartSpec
-from k3ckpt.shard.plan import MoEGeometry, make_plan
+from k3ckpt.placement.spec import MoEGeometry
+from k3ckpt.placement.planner import make_plan
 from k3ckpt.shard.source import read_source
 from k3ckpt.shard.verify import verify_output
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from k3ckpt import planning
+from k3ckpt import api
 from k3ckpt.cli.main import main
 from k3ckpt.errors import UsageError
-from k3ckpt.shard.pipeline import moe_bounds, parse_partition, pp_counts, pp_indices
-from k3ckpt.shard.plan import MoEGeometry, Plan
+from k3ckpt.placement.stages import moe_bounds, parse_partition, pp_counts, pp_indices
+from k3ckpt.placement.spec import MoEGeometry, Plan
 
 
 # Hand computation of vLLM's rule (vllm/distributed/utils.py get_pp_indices): num // pp
@@ -50,25 +50,25 @@ def test_moe_rows_of_each_stage():
 
 
 def test_cache_plans_follow_vllms_stages(k3_tiny):
-    p = planning.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32)
+    p = api.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32)
     assert p.cache.layer_bounds.tolist() == [0, 1, 3] and p.cache.pp_partition == (2, 2)
-    q = planning.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32, pp_partition=[3, 1])
+    q = api.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32, pp_partition=[3, 1])
     assert q.cache.layer_bounds.tolist() == [0, 2, 3] and q.cache.pp_partition == (3, 1)
     assert Plan.from_json(q.to_json()).cache.pp_partition == (3, 1)
     with pytest.raises(UsageError, match="applies to cache plans"):
-        planning.plan(k3_tiny, "8xH100", pp_partition=[1] * 8)
+        api.plan(k3_tiny, "8xH100", pp_partition=[1] * 8)
     # K3 as a MoEGeometry: 93 decoder layers (layer 0 dense), 47 | 46
-    from k3ckpt.shard.devices import preset_devices
+    from k3ckpt.placement.devices import preset_devices
 
     box = preset_devices("2xRTX-5090", nvme="2x14")[0]
-    k3 = planning.plan(MoEGeometry.k3(), box, dense="host", mode="cache", synthetic_trace_tokens=0)
+    k3 = api.plan(MoEGeometry.k3(), box, dense="host", mode="cache", synthetic_trace_tokens=0)
     assert k3.cache.pp_partition == (47, 46) and k3.cache.layer_bounds.tolist() == [0, 46, 92]
 
 
 def test_moet_packs_refuse_ranks_that_are_not_vllms_stages(k3_tiny, tmp_path, capsys):
     """A plan without a recorded partition whose ranks run 1-2 | 3: vLLM's stage 1
     creates layers 2 and 3 and would read layer 3's pack row as layer 2's."""
-    q = planning.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32, pp_partition=[3, 1])
+    q = api.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32, pp_partition=[3, 1])
     old = json.loads(q.to_json())
     old["cache"]["pp_partition"] = []   # as plans were written before the partition was recorded
     (tmp_path / "old.json").write_text(json.dumps(old))
@@ -86,7 +86,7 @@ def test_moet_packs_refuse_ranks_that_are_not_vllms_stages(k3_tiny, tmp_path, ca
     rank1 = json.loads((tmp_path / "o" / "rank-00001" / "rank.json").read_text())
     assert rank1["moet"]["layer_keys"] == [[3, 0]]
     # the default split: layers 2, 3 on stage 1 as keys 0, 1; no partition variable needed
-    p = planning.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32)
+    p = api.plan(k3_tiny, "2xRTX-5090", mode="cache", synthetic_trace_tokens=32)
     (tmp_path / "p22.json").write_text(p.to_json())
     assert main(["shard", str(k3_tiny), str(tmp_path / "o2"), "--plan", str(tmp_path / "p22.json"), "--layout",
                  "moet", "-q"]) == 0

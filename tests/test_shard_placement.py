@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from k3ckpt.errors import UsageError
-from k3ckpt.shard.eplb import rebalance_experts
-from k3ckpt.shard.packing import PackState, items_of, pack_rounds, swap_search
-from k3ckpt.shard.placement import (
+from k3ckpt.placement.eplb import rebalance_experts
+from k3ckpt.placement.packing import PackState, items_of, pack_rounds, swap_search
+from k3ckpt.placement.assign import (
     Placement,
     balancedness,
     even_slots,
@@ -150,7 +150,7 @@ def robust_objective(pl: Placement, w, factors, kappa, drift, q):
 
 
 def test_robust_state_without_noise_is_the_plain_search():
-    from k3ckpt.shard.packing import set_noise
+    from k3ckpt.placement.packing import set_noise
 
     rng = np.random.default_rng(5)
     w = rng.lognormal(0, 1, (4, 30))
@@ -187,7 +187,7 @@ def test_robust_polish_lowers_the_objective_and_keeps_the_cap():
 
 
 def test_load_factors_find_planted_co_activation():
-    from k3ckpt.shard.topology import load_factors
+    from k3ckpt.placement.topology import load_factors
 
     # 2 layers, 8 experts, top-2; blocks of 4 tokens alternate between experts {0, 1}
     # and {2, 3} (layer 0); layer 1 always routes to {4, 5}: no variation

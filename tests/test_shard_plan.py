@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from k3ckpt.errors import UsageError
-from k3ckpt.shard.devices import parse_devices
-from k3ckpt.shard.plan import MoEGeometry, Plan, make_plan, placement_slot_limit
+from k3ckpt.placement.devices import parse_devices
+from k3ckpt.placement.spec import MoEGeometry, Plan, placement_slot_limit
+from k3ckpt.placement.planner import make_plan
 
 GiB = 2**30
 SMALL = MoEGeometry(4, 16, 4, 1 * GiB, 20 * 10**9, (1, 2, 3, 4), "toy", 1000)
@@ -61,8 +62,8 @@ def test_placement_mode_and_memory():
 
 
 def test_planning_trace_polishes_placement():
-    from k3ckpt.shard.placement import gpu_loads, lower_bound, plan_placement
-    from k3ckpt.shard.planner import robust_options
+    from k3ckpt.placement.assign import gpu_loads, lower_bound, plan_placement
+    from k3ckpt.placement.planner import robust_options
 
     ds = parse_devices("8xH100", reserved_kv="20GB")
     w = loads_for(SMALL, 3) * 1000
@@ -88,9 +89,9 @@ def test_best_policy_is_the_fastest_not_the_most_hbm_hits():
     a miss) and is the fastest; the plan recommends and stores the fastest."""
     geo = MoEGeometry(2, 16, 2, 17_547_264, 27_700_000, (1, 2), "k3-shapes")
     ds = parse_devices("1xRTX-5090", nvme="1x7", host_dram="1GB", reserved_kv="31.5GB")
-    from k3ckpt import planning
+    from k3ckpt import api
 
-    plan = planning.plan(geo, ds, mode="cache")   # synthetic K3-like loads and held-out trace
+    plan = api.plan(geo, ds, mode="cache")   # synthetic K3-like loads and held-out trace
     rep = plan.cache_report
     online = [p for p in rep.policies if p.policy in ("lru", "lfu", "static", "hot-recent", "recent-freq")]
     most_hits = max(online, key=lambda p: p.hbm_hit)
@@ -102,8 +103,8 @@ def test_best_policy_is_the_fastest_not_the_most_hbm_hits():
 
 
 def test_binding_ceiling_names_the_limit():
-    from k3ckpt.shard.planner import best_policy, binding_ceiling
-    from k3ckpt.shard.plan import CachePolicyReport
+    from k3ckpt.placement.planner import best_policy, binding_ceiling
+    from k3ckpt.placement.spec import CachePolicyReport
 
     a = CachePolicyReport("lru", 0.9, 0.0, 0.1, 1e9, 2e9, 5.24, 11.35, 5.24)
     b = CachePolicyReport("static", 0.5, 0.2, 0.3, 1e9, 2e9, 6.0, 8.0, 6.0)

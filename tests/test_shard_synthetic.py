@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from k3ckpt.errors import UsageError
-from k3ckpt.shard import synthetic as syn
-from k3ckpt.shard.loads import check_trace, loads_from_trace
-from k3ckpt.shard.plan import MoEGeometry
+from k3ckpt.placement import synthetic as syn
+from k3ckpt.placement.loads import check_trace, loads_from_trace
+from k3ckpt.placement.spec import MoEGeometry
 
 
 def test_deterministic_and_windows_differ():

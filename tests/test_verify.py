@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from k3ckpt import api, planning
+from k3ckpt import api
 from k3ckpt.cli.main import main
 from k3ckpt.io import open_checkpoint
 from k3ckpt.shard.verify import verify_output
@@ -71,7 +71,7 @@ def test_dequant_output_with_a_tensor_missing(k3_tiny, tmp_path):
 
 
 def test_moet_runtime_lock_and_heat_files_are_allowed(k3_tiny, tmp_path, capsys):
-    plan = planning.plan(k3_tiny, "2xRTX-5090", format_id="moet-w2", mode="cache")
+    plan = api.plan(k3_tiny, "2xRTX-5090", format="moet-w2", mode="cache")
     (tmp_path / "plan.json").write_text(plan.to_json())
     out = tmp_path / "m"
     assert main(["shard", str(k3_tiny), str(out), "--plan", str(tmp_path / "plan.json"), "-q",

@@ -76,7 +76,7 @@ def convert(args, work: Path) -> None:
     from k3ckpt.fixtures import make_fixture
     from k3ckpt.hub import HubClient
     from k3ckpt.hub.convert import requant_from_hub
-    from k3ckpt.shard.devices import parse_bytes
+    from k3ckpt.placement.devices import parse_bytes
 
     src = work / f"k3-e{args.experts}"
     if not (src / "model.safetensors.index.json").is_file():

@@ -3,7 +3,7 @@
 
     python tools/bench_plan.py [--loads-dir DIR] [--seed N] [--windows W] [--steps S]
 
-Synthetic scenarios (k3ckpt.shard.synthetic, K3 skew): plan on window 0 (200k
+Synthetic scenarios (k3ckpt.placement.synthetic, K3 skew): plan on window 0 (200k
 tokens of loads plus a 4,096-token routing trace of the same window), judge on
 held-out windows 1..W (drift sigma 0.1, their own topic mixture), each judged per
 step of 512 tokens per GPU.  EPLB gets the loads (it has no use for a trace); ours
@@ -37,11 +37,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from k3ckpt.shard import synthetic as syn  # noqa: E402
-from k3ckpt.shard.devices import parse_devices  # noqa: E402
-from k3ckpt.shard.eplb import rebalance_experts  # noqa: E402
-from k3ckpt.shard.loads import read_keep_tiers, read_loads  # noqa: E402
-from k3ckpt.shard.planner import robust_options  # noqa: E402
-from k3ckpt.shard.placement import (  # noqa: E402
+from k3ckpt.placement.devices import parse_devices  # noqa: E402
+from k3ckpt.placement.eplb import rebalance_experts  # noqa: E402
+from k3ckpt.placement.loads import read_keep_tiers, read_loads  # noqa: E402
+from k3ckpt.placement.planner import robust_options  # noqa: E402
+from k3ckpt.placement.assign import (  # noqa: E402
     Placement,
     even_slots,
     gpu_loads,
@@ -49,8 +49,9 @@ from k3ckpt.shard.placement import (  # noqa: E402
     plan_placement,
     slots_to_slot2gpu,
 )
-from k3ckpt.shard.plan import MoEGeometry, make_plan  # noqa: E402
-from k3ckpt.shard.topology import order_bins, traffic  # noqa: E402
+from k3ckpt.placement.spec import MoEGeometry
+from k3ckpt.placement.planner import make_plan  # noqa: E402
+from k3ckpt.placement.topology import order_bins, traffic  # noqa: E402
 
 PLAN_TOKENS = 200_000
 PLAN_TRACE_TOKENS = 4096

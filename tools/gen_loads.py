@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate synthetic expert loads and routing traces (k3ckpt.shard.synthetic).
+"""Generate synthetic expert loads and routing traces (k3ckpt.placement.synthetic).
 
     python tools/gen_loads.py --model k3 --tokens 200000 --window 0 --out plan.npy
     python tools/gen_loads.py --model k3 --window 1 --trace-tokens 1024 --trace-out held.npy
@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 
 from k3ckpt.errors import K3ckptError  # noqa: E402
 from k3ckpt.shard import synthetic as syn  # noqa: E402
-from k3ckpt.shard.loads import read_keep_tiers, write_loads  # noqa: E402
-from k3ckpt.shard.plan import MoEGeometry  # noqa: E402
+from k3ckpt.placement.loads import read_keep_tiers, write_loads  # noqa: E402
+from k3ckpt.placement.spec import MoEGeometry  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """``k3ckpt plan SRC --devices SPEC``: expert placement or an NVMe expert cache.
 
-Thin over ``k3ckpt.planning.plan``: parses the options, prints a summary (or
+Thin over ``k3ckpt.api.plan``: parses the options, prints a summary (or
 ``--json``) and writes the plan (docs/plan-json.md) with ``-o``.  The summary holds
 no timings, so the same inputs print the same text (docs/examples/ are checked by a
 test).
@@ -53,7 +53,7 @@ def _layer_ranges(ids, bounds) -> str:
 
 def _headline(best, dense_stream_s) -> str:
     """The binding ceiling first, then the limit that binds and the others."""
-    from ..shard.planner import binding_ceiling
+    from ..placement.planner import binding_ceiling
 
     tps, binding = binding_ceiling(best, dense_stream_s)
     experts = f"NVMe {_tps(best.tokens_per_s_nvme)}, PCIe {_tps(best.tokens_per_s_pcie)}"
@@ -67,10 +67,10 @@ def _headline(best, dense_stream_s) -> str:
 
 
 def _stages(counts) -> str:
-    """How the pipeline ranks meet vLLM's stages (``shard.pipeline``)."""
+    """How the pipeline ranks meet vLLM's stages (``placement.stages``)."""
     if len(counts) < 2:
         return "pipeline ranks"
-    from ..shard.pipeline import partition_text, pp_counts
+    from ..placement.stages import partition_text, pp_counts
 
     text = partition_text(counts)
     if list(counts) == pp_counts(sum(counts), len(counts)):
@@ -139,7 +139,7 @@ def render_plan(p) -> str:
     else:
         c, r = p.cache, p.cache_report
         active = m.top_k * (c.layer_bounds[1:] - c.layer_bounds[:-1])
-        from ..shard.plan import placement_slot_limit
+        from ..placement.spec import placement_slot_limit
 
         fits = placement_slot_limit(m, d) * d.num_gpus >= m.experts
         why = ("cache (forced by --mode cache; the experts would fit in HBM as a placement)" if fits else
@@ -206,7 +206,7 @@ def build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act
     """``(DeviceSet, notes)``: a device file as it is, or ``--devices`` with the preset's
     host DRAM and the default HBM reserve where not given (notes say so)."""
     from ..errors import UsageError
-    from ..shard.devices import load_device_set, preset_devices
+    from ..placement.devices import load_device_set, preset_devices
 
     if (devices is None) == (device_file is None):
         raise UsageError("give --devices SPEC (e.g. 64xGB200) or --device-file FILE, one of the two")
@@ -224,13 +224,13 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
     ``MoEGeometry``: the docs examples are checked this way without a checkpoint)."""
     import dataclasses
 
-    from .. import planning
-    from ..shard.pipeline import parse_partition
+    from .. import api
+    from ..placement.stages import parse_partition
 
     ds, dev_notes = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
-    p = planning.plan(src, ds, format_id=format_id, requant_report=requant_report, loads=loads, trace=trace,
-                      heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
-                      model_id=model_id, seed=seed, pp_partition=parse_partition(pp_partition))
+    p = api.plan(src, ds, format=format_id, requant_report=requant_report, loads=loads, trace=trace,
+                 heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
+                 model_id=model_id, seed=seed, pp_partition=parse_partition(pp_partition))
     return dataclasses.replace(p, notes=tuple(p.notes) + tuple(dev_notes)) if dev_notes else p
 
 

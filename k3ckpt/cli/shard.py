@@ -55,7 +55,7 @@ def _dry_run(src, dst, plan, options, as_json) -> None:
 
 def load_plan(path: str):
     from ..errors import NotFoundError
-    from ..shard.plan import Plan
+    from ..placement.spec import Plan
 
     p = Path(path)
     if not p.is_file():
@@ -142,7 +142,7 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
 
         click.echo(hub_summary(hub_run))
     if r.layout == "moet":
-        from ..shard.pipeline import partition_text, pp_counts
+        from ..placement.stages import partition_text, pp_counts
 
         counts = list(plan.cache.pp_partition)
         pp = (f"; run vLLM with VLLM_PP_LAYER_PARTITION={partition_text(counts)} (the plan's stages)"

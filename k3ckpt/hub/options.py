@@ -42,7 +42,7 @@ def hub_run_options(src: str, *, max_disk: str | None, staging: str | None, keep
         return None
     budget = None
     if max_disk is not None:
-        from ..shard.devices import parse_bytes
+        from ..placement.devices import parse_bytes
 
         budget = parse_bytes(max_disk, "--max-disk")
         if budget <= 0:

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .materialize import LAYOUTS, PACK_NAME, RankWork, check_plan, default_ckpt_id, rank_work
 from .packs import align_up
-from .plan import Plan
+from ..placement.spec import Plan
 from .source import SourceModel, read_source
 
 __all__ = ["RankDryRun", "ShardDryRun", "shard_dry_run"]
@@ -113,7 +113,7 @@ def shard_dry_run(ckpt, plan: Plan, dst, *, layout: str = "k3ckpt", ranks=None, 
     if layout not in LAYOUTS:
         raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
     if not isinstance(plan, Plan):
-        raise UsageError("shard_dry_run needs a k3ckpt.shard.plan.Plan")
+        raise UsageError("shard_dry_run needs a k3ckpt.placement.spec.Plan")
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or (tp > 1 and layout != "moet"):
         raise UsageError(f"tp must be a positive integer, and above 1 only with layout 'moet'; found {tp!r}")
     src = read_source(ckpt, moet=layout == "moet", tp=tp)

@@ -46,7 +46,7 @@ from .packs import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from .plan import Plan
+from ..placement.spec import Plan
 from .source import SourceModel, read_source
 
 __all__ = ["LAYOUTS", "RankSummary", "ShardResult", "RankWork", "rank_work", "shard_checkpoint"]
@@ -127,7 +127,7 @@ def check_plan(src: SourceModel, plan: Plan, layout: str) -> None:
         raise UsageError("layout 'moet' writes NVMe packs, which only cache plans have (the runtime refuses EP/EPLB "
                          "placements); use layout 'k3ckpt' for a placement plan")
     if plan.mode == "cache":
-        from .pipeline import check_stages
+        from ..placement.stages import check_stages
 
         check_stages(src.layers, src.num_hidden_layers, plan, layout)
 
@@ -171,7 +171,7 @@ def rank_work(src: SourceModel, plan: Plan, ranks=None) -> list[RankWork]:
         return out
     c = plan.cache
     b = c.layer_bounds
-    from .pipeline import stage_ranges
+    from ..placement.stages import stage_ranges
 
     stages = stage_ranges(src.num_hidden_layers, plan)
     for r in ranks:
@@ -478,7 +478,7 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     if layout not in LAYOUTS:
         raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
     if not isinstance(plan, Plan):
-        raise UsageError("shard_checkpoint needs a k3ckpt.shard.plan.Plan")
+        raise UsageError("shard_checkpoint needs a k3ckpt.placement.spec.Plan")
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or (tp > 1 and layout != "moet"):
         raise UsageError(f"tp must be a positive integer, and above 1 only with layout 'moet'; found {tp!r}")
     src = read_source(ckpt, moet=layout == "moet", tp=tp)

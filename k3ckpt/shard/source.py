@@ -66,7 +66,7 @@ class SourceModel:
 
     def bytes_table(self) -> np.ndarray:
         """``int64 [MoE layers, experts]`` bytes of every expert (as plan.json's ``per_expert_bytes``)."""
-        from .geometry_from_checkpoint import expert_bytes_table
+        from ..placement.from_checkpoint import expert_bytes_table
 
         return expert_bytes_table(self._sizes, self.layers, self.experts)
 

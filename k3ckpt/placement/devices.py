@@ -245,12 +245,12 @@ class DeviceSet:
 
 
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
-    """``units.parse_size`` (kept under this name for callers of ``shard.devices``)."""
+    """``units.parse_size`` (kept under this name for callers of ``placement.devices``)."""
     return parse_size(text, what)
 
 
 # HBM per GPU a plan keeps free for the KV cache and activations unless told otherwise
-# (``k3ckpt plan`` and ``planning.plan`` with a shorthand): 10 % in all.  K3's MLA cache
+# (``k3ckpt plan`` and ``api.plan`` with a shorthand): 10 % in all.  K3's MLA cache
 # is ~26.5 KB a token over its 23 MLA layers plus ~0.2 GB of KDA state a sequence, so
 # 8 % of a 32 GB card (2.56 GB) holds a few 32k-token sequences; activations of a
 # 512-token step fit in 2 %.  Filling HBM to the last byte with experts leaves the

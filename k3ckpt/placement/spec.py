@@ -1,10 +1,6 @@
-"""The plan: model geometry in, placement or cache layout out, as JSON data.
-
-``make_plan`` decides the mode from the numbers (docs/planner.md, "Mode"): when
-every layer's experts fit in the GPUs' HBM after the reserved memory and the
-dense weights, it plans a placement (EPLB-compatible arrays); otherwise a cache
-layout (HBM hot set, host-RAM tier, NVMe).  ``Plan`` is a frozen dataclass with
-``to_json`` / ``from_json``; the schema is docs/plan-json.md.
+"""The plan as data: the model geometry a planner reads and the placement or cache
+layout it returns.  ``Plan`` is a frozen dataclass with ``to_json`` / ``from_json``;
+the schema is docs/plan-json.md.  ``planner.make_plan`` builds one.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from ..errors import UsageError
 from .devices import DeviceSet, DeviceSpec, NVMeDrive
 
 __all__ = ["PLAN_VERSION", "MoEGeometry", "PlacementReport", "CachePolicyReport", "CacheReport", "CacheLayout",
-           "Plan", "placement_slot_limit", "make_plan"]
+           "Plan", "placement_slot_limit"]
 
 PLAN_VERSION = 1
 FORMAT_ID = "mxfp4-pack-quantized"
@@ -336,7 +332,7 @@ class Plan:
             raise UsageError(f"plan mode must be 'placement' or 'cache', found {self.mode!r}")
         G = self.devices.num_gpus
         if self.mode == "placement":
-            from .placement import Placement
+            from .assign import Placement
 
             pl = self.placement
             if not isinstance(pl, Placement) or self.placement_report is None or self.cache is not None:
@@ -456,7 +452,7 @@ def _int_array(x, name: str, ndim: int) -> np.ndarray:
 
 
 def _placement_from_json(p, metrics, num_gpus: int, model: MoEGeometry) -> dict:
-    from .placement import Placement
+    from .assign import Placement
 
     if not isinstance(p, dict):
         raise UsageError("plan: 'placement' must be an object in placement mode")
@@ -514,65 +510,3 @@ def placement_slot_limit(geometry: MoEGeometry, devices: DeviceSet) -> int:
     ``(HBM - reserved - dense) // (expert_bytes * moe_layers)``, at least 0."""
     free = devices.device.hbm_bytes - devices.reserved_bytes - geometry.dense_bytes
     return max(0, free // geometry.expert_layer_bytes)
-
-
-def make_plan(
-    geometry: MoEGeometry,
-    devices: DeviceSet,
-    loads,
-    *,
-    trace=None,
-    heldout_trace=None,
-    slots_per_gpu: int | None = None,
-    redundant: int | None = None,
-    mode: str = "auto",
-    topology: bool = True,
-    format_id: str = FORMAT_ID,
-    host_fraction: float = 0.8,
-    pcie_efficiency: float = 0.8,
-    dense_stream_s: float | None = None,
-    decoder_layers: int | None = None,
-    pp_partition=None,
-    **planner_options,
-) -> Plan:
-    """Plan expert placement or an expert cache for ``geometry`` on ``devices``.
-
-    Args:
-        loads: ``[moe_layers, experts]`` planning loads (validated).
-        trace: optional planning routing trace ``[tokens, moe_layers, top_k]``: its
-            co-activation orders GPUs by scale-up domain, and its shared load
-            factors steer a robust polish of the packing (placement mode; at least
-            64 tokens).
-        heldout_trace: optional held-out trace: traffic figures (placement) or the
-            cache simulation (cache mode) use it.
-        slots_per_gpu / redundant: slot budget per layer: every GPU gets
-            ``slots_per_gpu`` slots, or ``experts + redundant`` slots are spread evenly
-            (the first ranks take one more).  Default: ``redundant = experts // 8``,
-            cut to what memory allows.  Give at most one.
-        mode: ``auto`` (placement when all experts fit in HBM), ``placement`` or ``cache``.
-        topology: order GPUs by co-activation when a trace and several domains exist.
-        host_fraction: share of host DRAM the cache's host tier may use.
-        pcie_efficiency: achieved / nominal host-link bandwidth for the ceilings.
-        dense_stream_s: cache mode, dense weights in host DRAM: seconds to stream
-            them to the GPUs once per forward pass; bounds tokens/s at batch 1.
-        decoder_layers, pp_partition: cache mode: the model's decoder layers
-            (default ``max(layer_ids) + 1``) and their counts per rank (default
-            vLLM's ``get_pp_indices`` split, ``shard.pipeline``); each rank runs the
-            MoE layers among its decoder layers, as the runtime's stages create them.
-        planner_options: passed to ``placement.plan_placement`` (``drift``, ...), and
-            ``step_tokens`` (tokens of one forward step over all GPUs, default 512
-            per GPU): with a planning trace the placement is polished for the load
-            swings of such steps (``planner.robust_options``).
-
-    Raises:
-        UsageError: bad loads or traces, a slot budget that does not fit in memory,
-            or a cache that cannot hold one token's experts.
-    """
-    from .planner import build_plan
-
-    return build_plan(
-        geometry, devices, loads, trace=trace, heldout_trace=heldout_trace, slots_per_gpu=slots_per_gpu,
-        redundant=redundant, mode=mode, topology=topology, format_id=format_id, host_fraction=host_fraction,
-        pcie_efficiency=pcie_efficiency, dense_stream_s=dense_stream_s, decoder_layers=decoder_layers,
-        pp_partition=pp_partition, **planner_options,
-    )

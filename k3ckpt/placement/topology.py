@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
-from .placement import Placement
+from .assign import Placement
 
 __all__ = ["Traffic", "traffic", "order_bins", "domain_fractions", "load_factors"]
 

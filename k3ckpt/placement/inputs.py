@@ -1,15 +1,16 @@
-"""``plan()``: a checkpoint and a device set in, a ``Plan`` out (``k3ckpt plan``).
+"""``plan_inputs()``: an open checkpoint (or a geometry) and a device set in, a ``Plan`` out
+(``api.plan``, ``k3ckpt plan``).
 
 The steps, cheapest checks first so that bad input fails before any work:
 
 1. the format id, the mode and the device set (unknown names raise ``UsageError``);
-2. the model geometry from the checkpoint headers (``shard.geometry_from_checkpoint``),
+2. the model geometry from the checkpoint headers (``placement.from_checkpoint``),
    or a ``MoEGeometry`` given directly;
 3. the load and trace files: shape (both shapes named), NaN, negative values;
 4. whether the device set can hold one copy of the model in any tier;
-5. the planner (``shard.plan.make_plan``).
+5. the planner (``placement.planner.make_plan``).
 
-Without loads, the loads are synthetic (``shard.synthetic``, K3-calibrated skew,
+Without loads, the loads are synthetic (``placement.synthetic``, K3-calibrated skew,
 fixed seed) and so is a held-out routing trace (window 1, with drift) for the
 traffic figures and the cache simulation; the plan's notes say so.  A given trace
 without loads gives the loads (its selection counts).
@@ -28,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import NotFoundError, UsageError
-from .shard.devices import GB, TB, DeviceSet, preset_devices
-from .shard.plan import FORMAT_ID, MoEGeometry, Plan, placement_slot_limit
+from ..errors import NotFoundError, UsageError
+from .devices import GB, TB, DeviceSet, preset_devices
+from .spec import FORMAT_ID, MoEGeometry, Plan, placement_slot_limit
 
-__all__ = ["plan", "resolve_geometry", "check_capacity", "balance_warning", "SYNTHETIC_SEED", "SYNTHETIC_TOKENS",
+__all__ = ["plan_inputs", "resolve_geometry", "check_capacity", "balance_warning", "SYNTHETIC_SEED", "SYNTHETIC_TOKENS",
            "SYNTHETIC_TRACE_TOKENS"]
 
 SYNTHETIC_SEED = 1
@@ -52,7 +53,7 @@ def resolve_geometry(source, *, format_id: str | None = None, include_vision: bo
 
 def _resolve(source, *, format_id, include_vision, model_id, requant_report):
     """``resolve_geometry`` plus the model's decoder-layer count (pipeline stages)."""
-    from .shard.geometry_from_checkpoint import STORED, check_format_id, moe_geometry_report
+    from .from_checkpoint import STORED, check_format_id, moe_geometry_report
 
     if format_id is not None:
         check_format_id(format_id)
@@ -66,11 +67,8 @@ def _resolve(source, *, format_id, include_vision, model_id, requant_report):
         rep = moe_geometry_report(source, **kw)
         geo, layers = _named(rep.geometry, source), _decoder_layers(source, rep.geometry)
     else:
-        from .api import open_source
-
-        with open_source(source) as ckpt:
-            rep = moe_geometry_report(ckpt, **kw)
-            geo, layers = _named(rep.geometry, ckpt), _decoder_layers(ckpt, rep.geometry)
+        raise UsageError(f"plan needs an open Checkpoint or a MoEGeometry, found {type(source).__name__} "
+                         "(k3ckpt.api.plan opens folders, files and hf:// URLs)")
     return geo, rep.format_id, rep.notes, layers
 
 
@@ -91,7 +89,7 @@ def _named(geo: MoEGeometry, ckpt) -> MoEGeometry:
     generic profile names nothing."""
     if geo.model_id:
         return geo
-    from .profiles import detect
+    from ..profiles import detect
 
     profile = detect(ckpt.config, ckpt.tensors.keys())
     if profile.id == "generic":
@@ -124,7 +122,7 @@ def _is_file_arg(x) -> bool:
 
 def _load_array(loads, geo: MoEGeometry) -> np.ndarray:
     """Loads from a path or an array, with the shape checked against the model first."""
-    from .shard.loads import check_loads, read_loads
+    from .loads import check_loads, read_loads
 
     file = str(loads) if _is_file_arg(loads) else None
     arr = read_loads(loads) if file else check_loads(loads)
@@ -138,7 +136,7 @@ def _load_array(loads, geo: MoEGeometry) -> np.ndarray:
 
 
 def _trace_array(trace, geo: MoEGeometry) -> np.ndarray:
-    from .shard.loads import check_trace, read_trace
+    from .loads import check_trace, read_trace
 
     if _is_file_arg(trace):
         return read_trace(trace, geo)
@@ -185,7 +183,7 @@ def _synthetic(layers: int, experts: int, top_k: int, seed: int, tokens: int, tr
 
     Cached: a session that plans one model on several device sets draws them once
     (the 1,024-token K3 trace alone takes seconds)."""
-    from .shard import synthetic as syn
+    from . import synthetic as syn
 
     pop = syn.make_popularity(layers, experts, top_k, seed)
     loads = syn.window_loads(pop, tokens, seed, 0)
@@ -197,7 +195,7 @@ def _synthetic(layers: int, experts: int, top_k: int, seed: int, tokens: int, tr
     return loads, plan_tr, held
 
 
-def plan(
+def plan_inputs(
     source,
     devices,
     *,
@@ -221,8 +219,8 @@ def plan(
     """Plan expert placement or an expert cache for ``source`` on ``devices``.
 
     Args:
-        source: checkpoint folder / file / ``hf://`` URL, an open ``Checkpoint``, or
-            a ``MoEGeometry``.
+        source: an open ``Checkpoint`` or a ``MoEGeometry`` (``api.plan`` opens
+            folders, files and ``hf://`` URLs).
         devices: a ``DeviceSet`` (used as is) or a shorthand (``"64xGB200"``: the
             preset's host DRAM and 10 % of HBM reserved, as ``k3ckpt plan --devices``).
         format_id: on-device format of the experts (sets the bytes per expert);
@@ -244,7 +242,7 @@ def plan(
             detected family).
         pp_partition: cache mode: decoder layers per GPU (dense layers included), as
             ``VLLM_PP_LAYER_PARTITION`` gives them; default vLLM's ``get_pp_indices``
-            split of the config's ``num_hidden_layers`` (``shard.pipeline``).
+            split of the config's ``num_hidden_layers`` (``placement.stages``).
         seed, synthetic_tokens, synthetic_trace_tokens: synthetic loads and trace.
         planner_options: passed to ``make_plan`` (``host_fraction``, ``topology``, ...).
 
@@ -253,7 +251,7 @@ def plan(
             the model; a device set too small for the model.
         NotFoundError: a missing loads, trace or checkpoint path.
     """
-    from .shard.plan import make_plan
+    from .planner import make_plan
 
     if mode not in ("auto", "placement", "cache"):
         raise UsageError(f"mode must be auto, placement or cache, found {mode!r}")
@@ -283,12 +281,12 @@ def plan(
         wants_order = mode != "cache" and fits and bool(devices.gpu_domain().max() > 0)
         loads_arr, trace_arr, held_arr = _synthetic(geo.moe_layers, geo.experts, geo.top_k, int(seed),
                                                     int(synthetic_tokens), int(synthetic_trace_tokens), wants_order)
-        notes.append(f"loads: synthetic (k3ckpt.shard.synthetic, seed {seed}, {synthetic_tokens} tokens, "
+        notes.append(f"loads: synthetic (k3ckpt.placement.synthetic, seed {seed}, {synthetic_tokens} tokens, "
                      f"planning window 0); held-out trace: synthetic window 1 (drift 0.1), "
                      f"{synthetic_trace_tokens} tokens" + ("; planning trace: window 0" if trace_arr is not None
                                                            else ""))
     elif loads_arr is None:
-        from .shard.loads import loads_from_trace
+        from .loads import loads_from_trace
 
         src = trace_arr if trace_arr is not None else held_arr
         loads_arr = loads_from_trace(src, geo.experts)
@@ -309,7 +307,7 @@ def plan(
     if per_pass:   # cache mode: the dense stream bounds tokens/s at batch 1 (metrics.binding)
         planner_options = {**planner_options, "dense_stream_s": per_pass}
     if pp_partition is not None or (mode != "placement" and not _fits(plan_geo, plan_devices)):
-        # cache mode: pipeline stages as vLLM splits the decoder layers (shard.pipeline)
+        # cache mode: pipeline stages as vLLM splits the decoder layers (placement.stages)
         planner_options = {**planner_options, "decoder_layers": decoder_layers, "pp_partition": pp_partition}
     result = make_plan(plan_geo, plan_devices, loads_arr, trace=trace_arr, heldout_trace=held_arr,
                        slots_per_gpu=slots_per_gpu, redundant=redundant, mode=mode, format_id=format_id,

@@ -1,4 +1,10 @@
-"""``make_plan``'s work: mode choice, slot budget, reports (see plan.py)."""
+"""``make_plan``: model geometry, devices and loads in, a ``Plan`` out.
+
+It decides the mode from the numbers (docs/planner.md, "Mode"): when every layer's
+experts fit in the GPUs' HBM after the reserved memory and the dense weights, it plans
+a placement (EPLB-compatible arrays); otherwise a cache layout (HBM hot set, host-RAM
+tier, NVMe).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,9 @@ from ..errors import UsageError
 from .cache import ONLINE, POLICIES, RankCache, hot_order, simulate_rank
 from .devices import DeviceSet
 from .loads import check_loads, check_trace
-from .placement import balancedness, gpu_loads, lower_bound, plan_placement
-from .plan import (
+from .assign import balancedness, gpu_loads, lower_bound, plan_placement
+from .spec import (
+    FORMAT_ID,
     CacheLayout,
     CachePolicyReport,
     CacheReport,
@@ -22,7 +29,7 @@ from .plan import (
 )
 from .topology import load_factors, order_bins, traffic
 
-__all__ = ["build_plan", "slot_budget", "robust_options", "best_policy", "binding_ceiling"]
+__all__ = ["make_plan", "slot_budget", "robust_options", "best_policy", "binding_ceiling"]
 
 
 def slot_budget(
@@ -56,15 +63,63 @@ def slot_budget(
             f"{devices.reserved_bytes / 1e9:.1f} GB + {base} x {geometry.expert_layer_bytes / 1e9:.2f} GB); "
             f"{devices.device.name} has {devices.device.hbm_bytes / 1e9:.1f} GB, room for {limit} slots"
         )
-    from .placement import even_slots
+    from .assign import even_slots
 
     return even_slots(G, total)
 
 
-def build_plan(
-    geometry, devices, loads, *, trace, heldout_trace, slots_per_gpu, redundant, mode, topology, format_id,
-    host_fraction, pcie_efficiency, dense_stream_s=None, decoder_layers=None, pp_partition=None, **planner_options,
+def make_plan(
+    geometry: MoEGeometry,
+    devices: DeviceSet,
+    loads,
+    *,
+    trace=None,
+    heldout_trace=None,
+    slots_per_gpu: int | None = None,
+    redundant: int | None = None,
+    mode: str = "auto",
+    topology: bool = True,
+    format_id: str = FORMAT_ID,
+    host_fraction: float = 0.8,
+    pcie_efficiency: float = 0.8,
+    dense_stream_s: float | None = None,
+    decoder_layers: int | None = None,
+    pp_partition=None,
+    **planner_options,
 ) -> Plan:
+    """Plan expert placement or an expert cache for ``geometry`` on ``devices``.
+
+    Args:
+        loads: ``[moe_layers, experts]`` planning loads (validated).
+        trace: optional planning routing trace ``[tokens, moe_layers, top_k]``: its
+            co-activation orders GPUs by scale-up domain, and its shared load
+            factors steer a robust polish of the packing (placement mode; at least
+            64 tokens).
+        heldout_trace: optional held-out trace: traffic figures (placement) or the
+            cache simulation (cache mode) use it.
+        slots_per_gpu / redundant: slot budget per layer: every GPU gets
+            ``slots_per_gpu`` slots, or ``experts + redundant`` slots are spread evenly
+            (the first ranks take one more).  Default: ``redundant = experts // 8``,
+            cut to what memory allows.  Give at most one.
+        mode: ``auto`` (placement when all experts fit in HBM), ``placement`` or ``cache``.
+        topology: order GPUs by co-activation when a trace and several domains exist.
+        host_fraction: share of host DRAM the cache's host tier may use.
+        pcie_efficiency: achieved / nominal host-link bandwidth for the ceilings.
+        dense_stream_s: cache mode, dense weights in host DRAM: seconds to stream
+            them to the GPUs once per forward pass; bounds tokens/s at batch 1.
+        decoder_layers, pp_partition: cache mode: the model's decoder layers
+            (default ``max(layer_ids) + 1``) and their counts per rank (default
+            vLLM's ``get_pp_indices`` split, ``placement.stages``); each rank runs the
+            MoE layers among its decoder layers, as the runtime's stages create them.
+        planner_options: passed to ``placement.plan_placement`` (``drift``, ...), and
+            ``step_tokens`` (tokens of one forward step over all GPUs, default 512
+            per GPU): with a planning trace the placement is polished for the load
+            swings of such steps (``planner.robust_options``).
+
+    Raises:
+        UsageError: bad loads or traces, a slot budget that does not fit in memory,
+            or a cache that cannot hold one token's experts.
+    """
     if not isinstance(geometry, MoEGeometry) or not isinstance(devices, DeviceSet):
         raise UsageError("make_plan needs a MoEGeometry and a DeviceSet")
     loads = check_loads(loads, geometry)
@@ -152,7 +207,7 @@ def _placement_plan(geometry, devices, loads, trace, heldout, slots_per_gpu, red
 
 
 def _cache_layout(geometry, devices, loads, host_fraction, decoder_layers, partition):
-    from .pipeline import moe_bounds
+    from .stages import moe_bounds
 
     G, L, E, eb = devices.num_gpus, geometry.moe_layers, geometry.experts, geometry.expert_bytes
     if not 0 <= host_fraction <= 1:
@@ -257,7 +312,7 @@ def binding_ceiling(best, dense_stream_s: float | None = None) -> tuple[float | 
 
 def _cache_plan(geometry, devices, loads, heldout, format_id, host_fraction, pcie_efficiency, dense_stream_s=None,
                 stages=None):
-    from .pipeline import pp_counts
+    from .stages import pp_counts
 
     decoder_layers, partition = stages or (geometry.layer_ids[-1] + 1, None)
     bounds, ranks, preload = _cache_layout(geometry, devices, loads, host_fraction, decoder_layers, partition)

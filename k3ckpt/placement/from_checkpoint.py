@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidFileError, UnsupportedError, UsageError
-from .plan import FORMAT_ID, MoEGeometry
+from .spec import FORMAT_ID, MoEGeometry
 
 __all__ = ["GeometryReport", "STORED", "check_format_id", "expert_bytes_table",
            "expert_format_bytes", "moe_geometry", "moe_geometry_report"]

@@ -120,9 +120,8 @@ def inspect(src: str | os.PathLike, *, scan: bool = False, tensors: bool = False
 
     with open_source(src, complete=False) as ckpt:   # inspect reports what is missing as warnings
         report = inspect_checkpoint(ckpt, source=str(src))
-        hub = getattr(ckpt, "hub", None)
-        if hub is not None:
-            report = dataclasses.replace(report, extra={**report.extra, "hub": hub.facts()})
+        if not ckpt.origin.is_local():
+            report = dataclasses.replace(report, extra={**report.extra, "hub": ckpt.hub.facts()})
         if tensors:
             report = dataclasses.replace(report, tensors=tensor_rows(ckpt))
         if scan:

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -172,17 +169,17 @@ def _logical_shape(ckpt: Checkpoint, fmt, parts: dict[str, str]) -> tuple[int, .
 
 
 def _declared(ckpt: Checkpoint, decodable: set[str]):
-    """Formats a k3ckpt-written config declares (``k3ckpt.requant.qconfig``): the
+    """Formats a k3ckpt-written config declares (``k3ckpt.checkpoint.qconfig``): the
     stored suffixes cannot tell moet-w2 from MXFP4, the config's targets can."""
     from .formats import get_format
-    from .requant.qconfig import declared_groups
+    from .checkpoint.qconfig import declared_groups
 
     return [(get_format(fid), pats) for fid, pats in declared_groups(ckpt.config) if fid in decodable]
 
 
 def _declared_part(declared, name: str) -> tuple[str, str, str] | None:
     """(format id, base, role) when ``name`` is a part of a weight a declared group targets."""
-    from .requant.qconfig import logical_weight_name
+    from .checkpoint.qconfig import logical_weight_name
 
     for fmt, pats in declared:
         hit = fmt.match_name(name)
@@ -363,25 +360,6 @@ def _narrow_hf_quant_config(obj, decoded: list[DecodedWeight], everything: bool)
     if isinstance(q, dict):
         _add_excluded(q, "exclude_modules", _modules(decoded))
     return obj
-
-
-def copy_side_files(src_root: Path | None, dst: Path, *, skip: Callable[[str], bool]) -> list[str]:
-    """Copy the files beside the weights (tokenizer, generation config, ...) that ``skip`` does not claim."""
-    if src_root is None or not src_root.is_dir():
-        return []
-    copied = []
-    for p in sorted(src_root.iterdir()):
-        if p.is_file() and not p.is_symlink() and not p.name.startswith(".") and not skip(p.name):
-            tmp = dst / f".{p.name}.partial"
-            shutil.copyfile(p, tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dst / p.name)
-            copied.append(p.name)
-    return copied
-
-
-def _is_weight_file(name: str) -> bool:
-    return name.endswith(".safetensors") or name.endswith(".safetensors.index.json") or name == "config.json"
 
 
 JOB = "dequant"

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from .dequant import (HF_QUANT_CONFIG, JOB, SHARD_BYTES, DequantPlan, DequantResult, _check_tensor_scales,
-                      _convert, _decode_chunks, _is_weight_file, _nan_blocks, _narrow_hf_quant_config,
-                      _narrow_quant_config, copy_side_files, plan_dequant, shard_names)
+                      _convert, _decode_chunks, _nan_blocks, _narrow_hf_quant_config,
+                      _narrow_quant_config, plan_dequant, shard_names)
+from .checkpoint.identity import source_identity
+from .checkpoint.side_files import copy_side_files, is_weight_file
 from .errors import InvalidFileError, OutputExistsError, UsageError
 from .io.manifest import MANIFEST_NAME
 from .io.reader import Checkpoint
@@ -100,11 +102,10 @@ def _write(ckpt: Checkpoint, plan: DequantPlan, dst: Path, *, dtype: str, patter
     from tqdm import tqdm
 
     from .io.manifest import RunManifest
-    from .requant.pipeline import _source_identity
 
     manifest = RunManifest.begin(dst, job=JOB, options={"dtype": dtype, "tensors": pattern,
                                                         "max_shard_bytes": max_shard_bytes},
-                                 source=_source_identity(ckpt), resume=False)
+                                 source=source_identity(ckpt), resume=False)
     out_dtype, by_first, fused_bias = plan.out_dtype, plan.by_first, plan.fused_bias
     nan_blocks: dict[str, int] = {}
     inexact: dict[str, int] = {}
@@ -151,7 +152,7 @@ def _write(ckpt: Checkpoint, plan: DequantPlan, dst: Path, *, dtype: str, patter
     if ckpt.config is not None:
         atomic_write_json(dst / "config.json", _narrow_quant_config(ckpt.config, todo, everything))
     root = ckpt.root if ckpt.root and ckpt.root.is_dir() else None
-    copy_side_files(root, dst, skip=lambda n: _is_weight_file(n) or n == HF_QUANT_CONFIG or n == MANIFEST_NAME)
+    copy_side_files(root, dst, skip=lambda n: is_weight_file(n) or n == HF_QUANT_CONFIG or n == MANIFEST_NAME)
     if root is not None and (root / HF_QUANT_CONFIG).is_file():
         try:
             hqc = json.loads((root / HF_QUANT_CONFIG).read_text(encoding="utf-8"))

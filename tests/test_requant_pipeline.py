@@ -18,7 +18,7 @@ from k3ckpt.io.reader import open_checkpoint
 from k3ckpt.io.writer import save_file
 from k3ckpt.requant.metrics import error_stats
 from k3ckpt.requant.pipeline import requant_checkpoint
-from k3ckpt.requant.qconfig import declared_groups, targets_for
+from k3ckpt.checkpoint.qconfig import declared_groups, targets_for
 from k3ckpt.requant.results import TensorResult
 from k3ckpt.requant.worker import requant_weight
 

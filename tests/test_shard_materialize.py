@@ -25,7 +25,7 @@ from k3ckpt.shard import materialize
 from k3ckpt.placement.devices import parse_devices
 from k3ckpt.shard.materialize import rank_work, shard_checkpoint
 from k3ckpt.shard.moet_pack import PackIdentity, SlotGeometry, expected_values_from_mxfp4, slot_values
-from k3ckpt.shard.packs import ALIGN, ExpertPack, PackBuilder, PackRecord, PartSpec
+from k3ckpt.shard.packs import ALIGN, ExpertPack, PackBuilder, PackRecord, RecordPart
 from k3ckpt.placement.spec import MoEGeometry
 from k3ckpt.placement.planner import make_plan
 from k3ckpt.shard.source import read_source
@@ -338,8 +338,8 @@ def test_verify_against_another_source(ckpt, cache_plan, tmp_path):
 # ------------------------------------------------------------------ k3ckpt pack golden vectors
 def test_expert_pack_golden(tmp_path):
     """docs/formats/expert-pack.md, "Worked example": two layers x two experts of 5000 B."""
-    parts = (PartSpec("gate", "packed", "U8", (2, 2000), 0, 4000),
-             PartSpec("gate", "scale", "U8", (2, 500), 4000, 1000))
+    parts = (RecordPart("gate", "packed", "U8", (2, 2000), 0, 4000),
+             RecordPart("gate", "scale", "U8", (2, 500), 4000, 1000))
     recs = []
     for i, (layer, e) in enumerate(((1, 1), (1, 0), (2, 0), (2, 1))):
         body = bytes([i + 1]) * 5000

@@ -10,7 +10,6 @@ names with the tensors each holds, and each final split's size and sha256.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -53,18 +52,6 @@ def find_manifest(path: str | os.PathLike) -> Path:
             return c
     raise NotFoundError(f"no k3ckpt GGUF manifest ({candidates[-1].name}) beside it: not a k3ckpt gguf output",
                         file=str(path))
-
-
-def source_identity(ckpt) -> dict[str, Any]:
-    """What makes the source this source: shard names and sizes, tensor count, config, and for an
-    ``hf://`` source the repo and the commit it was pinned to."""
-    config = json.dumps(ckpt.config, sort_keys=True) if ckpt.config is not None else None
-    out: dict[str, Any] = {"shards": {s: ckpt.shard_size(s) for s in ckpt.shards}, "tensors": len(ckpt.tensors),
-                           "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None}
-    hub = getattr(ckpt, "hub", None)
-    if hub is not None:
-        out.update(repo_id=hub.requested.repo_id, commit=hub.commit)
-    return out
 
 
 def _canonical(obj: Any) -> Any:

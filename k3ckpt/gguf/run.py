@@ -24,7 +24,8 @@ import numpy as np
 
 from ..errors import UnsupportedError, UsageError
 from . import container as C
-from .manifest import GGUFManifest, manifest_path, source_identity
+from ..checkpoint.identity import source_identity
+from .manifest import GGUFManifest, manifest_path
 from .tensors import IQ2_XS, Planned
 from .writer import partial_path, plan_files
 

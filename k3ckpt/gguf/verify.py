@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..io.manifest import sha256_file
 from ..shard.verify import VerifyReport
-from .manifest import GGUFManifest, find_manifest, source_identity
+from ..checkpoint.identity import source_identity
+from .manifest import GGUFManifest, find_manifest
 
 
 def _reader_problems(path: Path, want: list[list], no: int, count: int, total: int) -> tuple[list[str], int]:

@@ -12,7 +12,7 @@ With ``HF_HUB_OFFLINE=1`` nothing is asked of the Hub: the checkpoint is
 opened from a complete snapshot in the local cache, or a ``RemoteError`` says
 it is not there.
 
-The returned ``Checkpoint`` carries ``.hub``, a ``HubSource`` (repo, revision,
+The returned ``Checkpoint`` carries ``.origin`` (repo, commit) and ``.hub``, a ``HubSource`` (repo, revision,
 pinned commit, endpoint, ``bytes_fetched``).  The file list
 (``HubCheckpointFiles``, sizes and LFS sha256 per file) is what the later
 download/convert steps plan disk budgets and verify downloads with.
@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from ..errors import InvalidFileError, K3ckptError, NotFoundError, RemoteError
 from ..io.header import MAX_HEADER_BYTES, Header, loads_index, loads_strict, paused_gc, read_header
+from ..io.origin import Origin
 from ..io.reader import (
     CONFIG_NAME,
     INDEX_NAME,
@@ -334,14 +335,15 @@ def open_hub_checkpoint(url: str | HubUrl, *, endpoint: str | None = None, token
     index_label = files.label(prefix + INDEX_NAME) if files.index is not None else str(files.url)
     try:
         with paused_gc():
-            ckpt = checkpoint_from_sources(index_json, sources, config, root=None, index_source=index_label,
-                                           headers=parsed)
+            ckpt = checkpoint_from_sources(
+                index_json, sources, config, root=None, index_source=index_label, headers=parsed,
+                origin=_origin(ref, files.commit),
+                hub=HubSource(requested=ref, commit=files.commit, endpoint=client.endpoint, files=files,
+                              stats=client.stats))
     except K3ckptError as e:
         raise _relabel(e, labels) from None
     for s in sources.values():
         s.release_prefix()  # headers are parsed; keep no copy of their bytes
-    ckpt.hub = HubSource(requested=ref, commit=files.commit, endpoint=client.endpoint, files=files,
-                         stats=client.stats)
     return ckpt
 
 
@@ -373,6 +375,11 @@ def _open_cached(ref: HubUrl, client: HubClient) -> Checkpoint:
         ckpt = open_checkpoint(where)
     except NotFoundError as e:
         raise RemoteError(f"HF_HUB_OFFLINE is set and the cached copy is incomplete: {e}", file=str(ref)) from None
+    ckpt.origin = _origin(ref, snap.name)
     ckpt.hub = HubSource(requested=ref, commit=snap.name, endpoint=client.endpoint, files=None, stats=client.stats,
                          cache_folder=snap)
     return ckpt
+
+
+def _origin(ref: HubUrl, commit: str) -> Origin:
+    return Origin.hub(ref.repo_id, commit, revision=ref.revision, subfolder=ref.subfolder)

@@ -280,8 +280,7 @@ class StagedCheckpoint(Checkpoint):
         sources = {n: _StagedSource(window, n, remote.shard_size(n)) for n in remote.shards}
         super().__init__(root=None, config=remote.config, index_metadata=remote.index_metadata,
                          shards=list(remote.shards), headers=remote.headers, tensors=remote.tensors,
-                         sources=sources)
-        self.hub = remote.hub
+                         sources=sources, origin=remote.origin, hub=remote.hub)
         self.staging = window
         self._remote = remote
 

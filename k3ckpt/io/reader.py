@@ -35,6 +35,7 @@ from ..errors import (
     UsageError,
 )
 from . import dtypes, header as _header
+from .origin import Origin
 from .header import Header, HeaderTensors, TensorInfo, loads_index, loads_strict, paused_gc, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -324,6 +325,8 @@ def checkpoint_from_sources(
     root: Path | None = None,
     index_source: str = INDEX_NAME,
     headers: dict[str, Header] | None = None,
+    origin: Origin | None = None,
+    hub: Any = None,
 ) -> Checkpoint:
     """Build a ``Checkpoint`` from shard byte sources (local or remote).
 
@@ -332,16 +335,20 @@ def checkpoint_from_sources(
     names.  Without it, ``sources`` are the shards (taken in natural name
     order).  ``headers``: shard headers the caller already read (with
     ``read_header``) from these sources, e.g. while other downloads ran; the
-    rest are read here.  The sources are owned by the returned checkpoint
+    rest are read here.  ``origin`` / ``hub``: see ``Checkpoint``.  The sources are owned by the returned checkpoint
     (closed by it), also when this function raises.
     """
     try:
-        return _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source,
+        ckpt = _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source,
                                         parsed=headers or {})
     except BaseException:
         for s in sources.values():
             s.close()
         raise
+    if origin is not None:
+        ckpt.origin = origin
+    ckpt.hub = hub
+    return ckpt
 
 
 def _checkpoint_from_sources(index_json, sources, config, *, root, index_source, parsed,
@@ -563,7 +570,13 @@ class Checkpoint:
     """An opened checkpoint: headers in memory, tensor data read on request."""
 
     def __init__(self, *, root: Path | None, config: dict | None, index_metadata: dict, shards: list[str],
-                 headers: dict[str, Header], tensors: Mapping[str, TensorEntry], sources: dict[str, ByteSource]):
+                 headers: dict[str, Header], tensors: Mapping[str, TensorEntry], sources: dict[str, ByteSource],
+                 origin: Origin | None = None, hub: Any = None):
+        #: where the bytes come from (``io.origin``); local ``root`` unless the opener says otherwise
+        self.origin = origin if origin is not None else Origin.local(root)
+        #: a Hub source's live handle (``k3ckpt.hub.remote.HubSource``: file listing, transfer
+        #: counters); None for local checkpoints.  Provenance questions go to ``origin``.
+        self.hub = hub
         self.root = root
         self.config = config
         self.index_metadata = index_metadata
@@ -735,9 +748,11 @@ def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSour
             s.close()
         raise
     try:
-        return _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source,
+        ckpt = _checkpoint_from_sources(index_json, sources, config, root=root, index_source=index_source,
                                         parsed={}, index_parts=index_parts)
     except BaseException:
         for s in sources.values():
             s.close()
         raise
+    ckpt.origin = Origin.local(path)
+    return ckpt

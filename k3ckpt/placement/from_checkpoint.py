@@ -188,7 +188,7 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
         signatures.setdefault(tuple(sorted((a, b, c, d) for a, b, c, d, _ in items)), key)
     if format_id is None:
         # differing experts are a mixed-format requant output only where the config says so
-        from ..requant.qconfig import declared_groups
+        from ..checkpoint.qconfig import declared_groups
 
         # a k3ckpt-written checkpoint is planned as stored (one format: that format)
         declared = bool(declared_groups(ckpt.config))
@@ -244,8 +244,7 @@ def moe_geometry_report(ckpt, *, format_id: str | None = None, include_vision: b
     hidden = g.expert_hidden or g.hidden_size
     if model_id is None:
         # hf:// sources carry the repo id; local folders only what the config names
-        hub_ref = getattr(getattr(ckpt, "hub", None), "requested", None)
-        model_id = getattr(hub_ref, "repo_id", None) or str((ckpt.config or {}).get("_name_or_path", "") or "")
+        model_id = ckpt.origin.repo_id or str((ckpt.config or {}).get("_name_or_path", "") or "")
     geometry = MoEGeometry(
         moe_layers=len(layers),
         experts=g.experts,

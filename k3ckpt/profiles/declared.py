@@ -1,7 +1,7 @@
 """Which tensors a k3ckpt-written config declares in which format.
 
 ``k3ckpt requant`` writes a ``quantization_config`` whose groups name a format
-and the logical weights stored in it (``k3ckpt.requant.qconfig``).  The stored
+and the logical weights stored in it (``k3ckpt.checkpoint.qconfig``).  The stored
 suffixes cannot tell moet-w2 from MXFP4 (both ``.weight_packed`` U8 +
 ``.weight_scale`` U8), nor a gguf-iq2_xs ``.weight_packed`` from MXFP4 codes;
 the config's targets can.  ``declared_parts`` maps each such tensor to its
@@ -45,7 +45,7 @@ def declared_parts(config: Mapping | None, names: Iterable[str]) -> dict[str, tu
     are classified by suffix and dtype).  Literal targets (a mixed ``--target-bpw``
     output lists weights one by one) are a set lookup, so the cost is one suffix
     test per name plus a regex match only for template patterns."""
-    from ..requant.qconfig import declared_groups, logical_weight_name
+    from ..checkpoint.qconfig import declared_groups, logical_weight_name
 
     declared = declared_groups(config)
     if not declared:   # not a k3ckpt output: spare the format registry's import

@@ -19,7 +19,6 @@ name (the writer's temporaries are hidden ``.*.partial`` files).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..checkpoint.identity import source_identity
 from ..errors import UsageError
 from .plan import DEFAULT_FORMAT, RequantPlan, parse_experts, parse_tensor_types, plan_requant
 from .results import TensorResult, _float_out
@@ -120,23 +120,9 @@ class RequantResult:
         }
 
 
-def _source_identity(ckpt) -> dict:
-    """What makes the source this source: shard names and sizes, config (for the manifest)."""
-    shards = {s: ckpt.shard_size(s) for s in ckpt.shards}
-    config = json.dumps(ckpt.config, sort_keys=True) if ckpt.config is not None else None
-    import hashlib
-
-    out = {"shards": shards, "tensors": len(ckpt.tensors),
-           "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None}
-    hub = getattr(ckpt, "hub", None)
-    if hub is not None:  # an hf:// source: pin the commit (a resumed run reopens exactly it)
-        out.update(repo_id=hub.requested.repo_id, commit=hub.commit)
-    return out
-
-
 def _local_path(ckpt) -> str | None:
     """A path pool workers can reopen the source from (None for remote sources)."""
-    if getattr(ckpt, "hub", None) is not None or ckpt.root is None:
+    if not ckpt.origin.is_local() or ckpt.root is None:
         return None
     root = Path(ckpt.root)
     if (root / "model.safetensors.index.json").is_file() or len(ckpt.shards) > 1:
@@ -213,7 +199,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 
     if is_fresh_output(dst, resume):
         free_space_for(dst, plan.total_bytes)
-    source = _source_identity(ckpt)
+    source = source_identity(ckpt)
     if resume:
         _check_resume(dst, options, source)
     manifest = RunManifest.begin(dst, job=JOB, options=options, source=source, resume=resume)
@@ -247,7 +233,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                            key=lambda r: source_order[r.name]))
     _finish_side_files(ckpt, dst, plan, manifest)
     report = _write_report(ordered, Path(report_path) if report_path else dst, source_label or str(ckpt.root),
-                           format, options, commit=getattr(getattr(ckpt, "hub", None), "commit", None))
+                           format, options, commit=ckpt.origin.commit)
     for p in sorted(dst.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME and p.name not in manifest.records:
             manifest.record(p.name)
@@ -353,11 +339,12 @@ def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: 
 
 def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
     """config.json with the new quantization_config, and the side files (tokenizer, ...)."""
-    from ..dequant import _is_weight_file, copy_side_files
+    from ..checkpoint.side_files import copy_side_files, is_weight_file
     from ..io.writer import atomic_write_json
     from ..io.manifest import MANIFEST_NAME
     from .plan import GPT_OSS_MXFP4, MXFP4
-    from .qconfig import build_config, mxfp4_config, with_config
+    from ..checkpoint.qconfig import build_config, with_config
+    from .mxfp4_config import mxfp4_config
 
     # Always a config.json: without one a reader could not tell moet-w2 parts from MXFP4's.
     groups = plan.groups()
@@ -369,8 +356,8 @@ def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
         config = with_config(ckpt.config or {}, build_config(ckpt.config, groups))
     atomic_write_json(dst / "config.json", config)
     src_root = Path(ckpt.root) if ckpt.root is not None and Path(ckpt.root).is_dir() else None
-    if getattr(ckpt, "hub", None) is None:
-        copy_side_files(src_root, dst, skip=lambda n: _is_weight_file(n) or n == MANIFEST_NAME
+    if ckpt.origin.is_local():
+        copy_side_files(src_root, dst, skip=lambda n: is_weight_file(n) or n == MANIFEST_NAME
                         or n.startswith("requant_report."))
 
 

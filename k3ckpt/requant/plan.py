@@ -33,7 +33,7 @@ from typing import Collection, Iterable
 
 from ..errors import InvalidFileError, ShapeError, UsageError
 from ..io.writer import TensorSpec
-from .qconfig import logical_weight_name
+from ..checkpoint.qconfig import logical_weight_name
 from .sources import MXFP4_SOURCES, SourceSlice, SourceWeight, find_weights
 
 SOURCE_FORMATS = MXFP4_SOURCES   # sources the 2.25 formats encode from directly (their codes)

@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import UsageError
 from ..io.manifest import RunManifest
 from ..io.reader import Checkpoint
-from ..io.writer import ShardedWriter, TensorSpec, free_space_for, is_fresh_output
+from ..io.writer import (ShardedWriter, TensorSpec, atomic_write_bytes, atomic_write_json, free_space_for,
+                         is_fresh_output)
 from .packs import (
     ExpertPack,
     PackBuilder,
@@ -43,8 +44,6 @@ from .packs import (
     name_template,
     record_parts,
     sha256_bytes,
-    write_bytes_atomic,
-    write_json_atomic,
 )
 from ..placement.spec import Plan
 from .source import SourceModel, read_source
@@ -312,7 +311,7 @@ class _K3Pack:
                           stride=self.stride, file_size=len(records) * self.stride, parts=self.parts,
                           name_templates=self.templates, records=records)
         self.manifest_obj = pack
-        write_json_atomic(self.folder / (self.name + ".json"), pack.to_dict(), indent=None)
+        atomic_write_json(self.folder / (self.name + ".json"), pack.to_dict(), indent=None, sort_keys=True)
         manifest.record(self.rel + ".json")
 
 
@@ -408,7 +407,7 @@ class _MoetPack:
             b.finish()
             manifest.record(f"{MOET_DIR}/{stem}.pack")
             # the sidecar comes after the pack, as the runtime's own writer does it
-            write_bytes_atomic(self.folder / f"{stem}.json", self.ident.sidecar_bytes(self.layer_key.values()))
+            atomic_write_bytes(self.folder / f"{stem}.json", self.ident.sidecar_bytes(self.layer_key.values()))
             manifest.record(f"{MOET_DIR}/{stem}.json")
 
     def close(self) -> None:
@@ -497,10 +496,7 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
                "ranks": [w.rank for w in works], "max_shard_bytes": max_shard_bytes, **moet_opts}
     if is_fresh_output(dst, resume):   # refuse a full disk before creating anything
         free_space_for(dst, estimate_bytes(src, works, layout, tp))
-    identity = src.identity()
-    hub = getattr(ckpt, "hub", None)
-    if hub is not None:  # an hf:// source: pin the commit (a resumed run reopens exactly it)
-        identity.update(repo_id=hub.requested.repo_id, commit=hub.commit)
+    identity = {**src.identity(), **ckpt.origin.identity()}   # an hf:// source: pinned to its commit
     manifest = RunManifest.begin(dst, job=JOB, options=options, source=identity, resume=resume)
     resumed = len(manifest.records)
     outs: list[_RankOut] = []
@@ -529,9 +525,9 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
                 o.pack.close()
         raise
     for o in outs:
-        write_json_atomic(o.folder / RANK_FILE, _rank_json(src, plan, layout, o))
+        atomic_write_json(o.folder / RANK_FILE, _rank_json(src, plan, layout, o), indent=1, sort_keys=True)
         manifest.record(f"{o.work.folder}/{RANK_FILE}")
-    write_json_atomic(dst / PLAN_FILE, json.loads(plan_json))
+    atomic_write_json(dst / PLAN_FILE, json.loads(plan_json), indent=1, sort_keys=True)
     manifest.record(PLAN_FILE)
     files = sorted(manifest.records)
     written = sum(manifest.records[n].size for n in files)

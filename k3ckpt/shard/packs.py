@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidFileError, ShapeError, UsageError
-from ..io.writer import atomic_write_bytes as write_bytes_atomic
 
-__all__ = ["ALIGN", "PACK_FORMAT", "PACK_VERSION", "PartSpec", "PackRecord", "ExpertPack", "PackBuilder",
-           "record_parts", "name_template", "write_json_atomic"]
+__all__ = ["ALIGN", "PACK_FORMAT", "PACK_VERSION", "RecordPart", "PackRecord", "ExpertPack", "PackBuilder",
+           "record_parts", "name_template"]
 
 PACK_FORMAT = "k3ckpt-expert-pack"
 PACK_VERSION = 1
@@ -39,14 +38,8 @@ def align_up(n: int, a: int = ALIGN) -> int:
     return -(-n // a) * a
 
 
-def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
-    """Temporary file, fsync, chmod 0644, rename: readers see the old or the new file."""
-    data = (json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
-    write_bytes_atomic(path, data)
-
-
 @dataclass(frozen=True)
-class PartSpec:
+class RecordPart:
     """One source tensor inside every record: ``[offset, offset + nbytes)`` of the record."""
 
     projection: str     # gate | up | down (| gate_up)
@@ -66,7 +59,7 @@ class PackRecord:
     sha256: str
 
 
-def record_parts(entries: list[tuple[str, Any, str, str]]) -> tuple[PartSpec, ...]:
+def record_parts(entries: list[tuple[str, Any, str, str]]) -> tuple[RecordPart, ...]:
     """Part table of one expert from ``(name, entry, projection, part)`` in source order.
 
     Parts go gate, up, down (then anything else), source order within a
@@ -76,7 +69,7 @@ def record_parts(entries: list[tuple[str, Any, str, str]]) -> tuple[PartSpec, ..
     ordered = sorted(enumerate(entries), key=lambda t: (rank.get(t[1][2] or "", len(rank)), t[0]))
     out, pos = [], 0
     for _, (_name, e, proj, part) in ordered:
-        out.append(PartSpec(proj or "", part, e.dtype, tuple(e.shape), pos, e.nbytes))
+        out.append(RecordPart(proj or "", part, e.dtype, tuple(e.shape), pos, e.nbytes))
         pos += e.nbytes
     return tuple(out)
 
@@ -114,7 +107,7 @@ class ExpertPack:
     record_bytes: int
     stride: int
     file_size: int
-    parts: tuple[PartSpec, ...]
+    parts: tuple[RecordPart, ...]
     name_templates: tuple[str, ...] | None
     records: tuple[PackRecord, ...]
     align: int = ALIGN
@@ -179,7 +172,7 @@ class ExpertPack:
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "pack manifest") -> ExpertPack:
         try:
-            parts = tuple(PartSpec(p["projection"], p["part"], p["dtype"], tuple(p["shape"]),
+            parts = tuple(RecordPart(p["projection"], p["part"], p["dtype"], tuple(p["shape"]),
                                    int(p["offset"]), int(p["nbytes"])) for p in d["parts"])
             records = tuple(PackRecord(int(a), int(b), int(c), int(s), str(h)) for a, b, c, s, h in d["records"])
             nt = d["name_templates"]

@@ -200,7 +200,7 @@ def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceM
                                "tensors in every expert")
     if len(set(sizes.values())) > 1:
         # a mixed-format requant output: its parts keep their names, so name the formats its config declares
-        from ..requant.qconfig import declared_groups
+        from ..checkpoint.qconfig import declared_groups
 
         storages.update(fid for fid, _ in declared_groups(ckpt.config))
     storage = sorted(storages)[0] if len(storages) == 1 else "+".join(sorted(storages))
@@ -225,7 +225,7 @@ def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceM
 
 def _check_moet(ckpt, storage, groups, parts, inter, hidden, tp) -> None:
     if storage != MXFP4_PAIR or not inter:
-        from ..requant.qconfig import declared_groups
+        from ..checkpoint.qconfig import declared_groups
 
         declared = sorted({fid for fid, _ in declared_groups(ckpt.config)})
         if declared and MXFP4_PAIR not in declared:

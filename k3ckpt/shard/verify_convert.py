@@ -62,9 +62,9 @@ def plan_source_check(out: Checkpoint, src: Checkpoint, job: str, options: dict,
     """Match the output's headers against the plan of ``job`` on ``src``; reads no tensor data."""
     problems: list[str] = []
     if source_identity is not None:
-        from ..requant.pipeline import _source_identity
+        from ..checkpoint.identity import source_identity as identity_of
 
-        have = _source_identity(src)
+        have = identity_of(src)
         differs = [k for k in _IDENTITY_KEYS if source_identity.get(k) != have.get(k)]
         if differs:   # its plan would not be this output's: nothing more to compare
             return SourceCheckPlan(job, 0, (), 0, 0, (

@@ -169,7 +169,8 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
         dry_run: plan from headers and write nothing; the result says what a run would write.
         progress: a tqdm bar on stderr.
     """
-    from .dequant import SHARD_BYTES, dequant_checkpoint
+    from .dequant import SHARD_BYTES
+    from .dequant_run import dequant_checkpoint
 
     shard = SHARD_BYTES if max_shard_size is None else _size(max_shard_size, "max_shard_size")
     if _is_gguf(src):
@@ -386,7 +387,10 @@ def verify(dst: str | os.PathLike, *, source: str | os.PathLike | None = None):
     if str(dst).endswith(".gguf"):
         from .gguf.verify import verify_gguf
 
-        return verify_gguf(dst, source=source)
+        if source is None or isinstance(source, Checkpoint):
+            return verify_gguf(dst, source=source)
+        with open_source(source, complete=False) as ckpt:
+            return verify_gguf(dst, source=ckpt)
     from .shard.verify import verify_output
 
     return verify_output(dst, source=source)

@@ -432,10 +432,3 @@ def _check_tensor_scales(ckpt: Checkpoint, todo) -> None:
         for role in ("global_scale", "scale_2"):
             if role in w.parts:
                 _read_fixed(ckpt, w, role, w.parts[role], "F32")
-
-
-def dequant_checkpoint(*args, **kwargs):
-    """``k3ckpt.dequant_run.dequant_checkpoint`` (the run lives there; planning here)."""
-    from .dequant_run import dequant_checkpoint as run
-
-    return run(*args, **kwargs)

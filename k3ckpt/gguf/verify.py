@@ -52,7 +52,8 @@ def _reader_problems(path: Path, want: list[list], no: int, count: int, total: i
 
 def verify_gguf(path: str | os.PathLike, *, source=None) -> VerifyReport:
     """Check the GGUF output ``path`` names (``OUT`` or any of its splits); see the module docstring.
-    ``source``: a checkpoint path, ``hf://`` URL or open ``Checkpoint`` to check the run read."""
+    ``source``: the open ``Checkpoint`` the run read, to check it is still that one (``api.verify``
+    opens a path or ``hf://`` URL)."""
     m = GGUFManifest.load(find_manifest(path))
     problems: list[str] = []
     files = nbytes = tensors = 0
@@ -87,15 +88,7 @@ def verify_gguf(path: str | os.PathLike, *, source=None) -> VerifyReport:
 
 
 def _source_problems(m: GGUFManifest, source) -> list[str]:
-    from ..io.reader import Checkpoint
-
-    if isinstance(source, Checkpoint):
-        ident = source_identity(source)
-    else:
-        from ..api import open_source
-
-        with open_source(source, complete=False) as ckpt:
-            ident = source_identity(ckpt)
+    ident = source_identity(source)
     was = m.source
     if ident.get("commit") != was.get("commit") and (ident.get("commit") or was.get("commit")):
         return [f"the source is at commit {ident.get('commit')}, the run read {was.get('commit')}"]

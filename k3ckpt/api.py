@@ -299,7 +299,8 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = "mo
 @_for_python
 def plan(src, devices, *, format: str | None = None, requant_report=None, loads=None, trace=None, heldout=None,
          redundant: int | None = None, slots_per_gpu: int | None = None, mode: str = "auto", dense: str = "hbm",
-         model_id: str | None = None, seed: int = 1, pp_partition=None, **planner_options):
+         model_id: str | None = None, seed: int = 1, pp_partition=None, include_vision: bool = False,
+         synthetic_tokens: int | None = None, synthetic_trace_tokens: int | None = None):
     """Plan expert placement or an expert cache of ``src`` on ``devices`` (``Plan``; docs/planner.md).
 
     Args:
@@ -318,15 +319,19 @@ def plan(src, devices, *, format: str | None = None, requant_report=None, loads=
         model_id: name recorded in the plan.
         seed: seed of the synthetic loads and trace.
         pp_partition: cache mode: decoder layers per GPU (``VLLM_PP_LAYER_PARTITION``).
-        planner_options: ``include_vision``, ``synthetic_tokens``, ... and the planner's
-            own (``host_fraction``, ``topology``; ``k3ckpt.placement.inputs.plan``).
+        include_vision: count the vision tower among the dense weights.
+        synthetic_tokens, synthetic_trace_tokens: tokens behind the synthetic loads and the
+            synthetic held-out trace (None: 200,000 and 1,024).
     """
-    from .placement.inputs import plan_inputs
+    from .placement.inputs import SYNTHETIC_TOKENS, SYNTHETIC_TRACE_TOKENS, plan_inputs
 
     def run(source):
         return plan_inputs(source, devices, format_id=format, requant_report=requant_report, loads=loads,
                            trace=trace, heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode,
-                           dense=dense, model_id=model_id, seed=seed, pp_partition=pp_partition, **planner_options)
+                           dense=dense, model_id=model_id, seed=seed, pp_partition=pp_partition,
+                           include_vision=include_vision,
+                           synthetic_tokens=synthetic_tokens or SYNTHETIC_TOKENS,
+                           synthetic_trace_tokens=synthetic_trace_tokens or SYNTHETIC_TRACE_TOKENS)
 
     if isinstance(src, (str, os.PathLike)):
         with open_source(src) as ckpt:

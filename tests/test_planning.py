@@ -14,6 +14,7 @@ import pytest
 from k3ckpt import api
 from k3ckpt.placement import inputs as planning
 from k3ckpt.api import open_source
+from k3ckpt.io.origin import Origin
 from k3ckpt.errors import InvalidFileError, NotFoundError, UnsupportedError, UsageError
 from k3ckpt.placement import from_checkpoint as gfc
 from k3ckpt.placement.devices import parse_devices
@@ -104,7 +105,7 @@ def _fake(config, shapes):
     for name, (dtype, shape) in shapes.items():
         size = {"U8": 1, "BF16": 2}[dtype] * int(np.prod(shape))
         tensors[name] = _Entry(dtype=dtype, shape=shape, nbytes=size)
-    return SimpleNamespace(config=config, tensors=tensors)
+    return SimpleNamespace(config=config, tensors=tensors, origin=Origin.local(None))
 
 
 def _k3_like(experts=2, layers=2, odd=None):
@@ -131,8 +132,8 @@ def test_geometry_refuses_odd_checkpoints():
     with pytest.raises(UnsupportedError, match="experts differ"):
         gfc.moe_geometry(_fake(*_k3_like(odd=(1, 1))))
     # the model id: an hf:// source's repo id, else the config's name
-    hub = SimpleNamespace(requested=SimpleNamespace(repo_id="org/model"))
-    assert gfc.moe_geometry(SimpleNamespace(**vars(_fake(cfg, shapes)), hub=hub)).model_id == "org/model"
+    hub = Origin.hub("org/model", "0" * 40)
+    assert gfc.moe_geometry(SimpleNamespace(**{**vars(_fake(cfg, shapes)), "origin": hub})).model_id == "org/model"
     assert gfc.moe_geometry(_fake({**cfg, "_name_or_path": "a/b"}, shapes)).model_id == "a/b"
     cfg, shapes = _k3_like()
     cfg["text_config"]["num_experts"] = 3

@@ -73,7 +73,7 @@ class ScanReport:
         return {"bytes_read": self.bytes_read, "roles": [r.to_json() for r in self.roles]}
 
     def render(self) -> str:
-        from .cli.render import table
+        from .render import table
 
         rows = []
         for r in self.roles:

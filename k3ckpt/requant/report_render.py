@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..render import table
 from ..units import human_bytes as fmt_bytes
 from ..units import human_count as fmt_count
 
@@ -210,17 +211,6 @@ def render_markdown(report: RequantReport, *, svg_name: str | None = "requant_re
 
 # ---------------------------------------------------------------- terminal
 
-def text_table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
-    """Fixed-width table: first column left-aligned, the rest right-aligned."""
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
 def render_text(report: RequantReport) -> str:
     """Summary lines and the worst experts, for a terminal."""
     m = report.meta
@@ -243,7 +233,7 @@ def render_text(report: RequantReport) -> str:
         lines.append(f"scales        {o.scale_changes:,} block scale(s) changed from the source")
     if o.nonfinite:
         lines.append(f"nonfinite     {o.nonfinite:,} value(s) left out as NaN/inf")
-    lines += ["", text_table(summary_rows(report), SUMMARY_HEADERS)]
+    lines += ["", table(summary_rows(report), SUMMARY_HEADERS)]
     if report.by_layer:
         snrs = [a for a in report.by_layer]
         lo = min(snrs, key=lambda a: a.snr_db)
@@ -252,5 +242,5 @@ def render_text(report: RequantReport) -> str:
                       f"to {fmt_db(hi.snr_db)} dB (layer {hi.key[0]})"]
     if report.worst_experts:
         lines += ["", f"worst {len(report.worst_experts)} experts (of {len(report.by_expert):,})",
-                  text_table(worst_rows(report), WORST_HEADERS)]
+                  table(worst_rows(report), WORST_HEADERS)]
     return "\n".join(lines)

@@ -1,0 +1,23 @@
+"""The one fixed-width text table, for the CLI and for library reports (``scan``,
+``requant.report_render``); below the CLI so library code never imports it."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+__all__ = ["table"]
+
+
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], align: str | None = None) -> str:
+    """A fixed-width text table; ``align`` is one 'l'/'r' per column (default:
+    first column left, the rest right); None cells show as ``-``."""
+    rows = [[("-" if c is None else str(c)) for c in r] for r in rows]
+    align = align or ("l" + "r" * (len(headers) - 1))
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)

@@ -373,3 +373,61 @@ def test_formats_command_marks_targets(capsys):
     assert main(["formats"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fp8-e4m3 "))
     assert "no (decode-only)" in line
+
+
+# ------------------------------------------------------------ what a format can do, declared
+
+
+def test_capabilities_are_declared_and_match_the_classes():
+    for info in list_formats():
+        fmt = get_format(info.id)
+        assert ("mxfp4-codes" in info.encodes_from) == callable(getattr(fmt, "from_mxfp4", None)), info.id
+        assert ("floats" in info.encodes_from) == info.can_encode, info.id
+        assert info.containers[0] == "safetensors" and set(info.containers) <= {"safetensors", "gguf"}
+        assert info.to_dict()["encodes_from"] == list(info.encodes_from)
+    assert get_format("moet-w2").info.methods == ("refit", "keep-scales")
+    assert {i.id for i in list_formats() if i.methods} == {"moet-w2"}
+
+
+def test_every_mxfp4_encoder_is_reachable_through_the_registry():
+    rng = np.random.default_rng(0)
+    packed = rng.integers(0, 256, (2, 128), dtype=np.uint8)     # [rows, K/2]: K = 256
+    scale = rng.integers(118, 130, (2, 8), dtype=np.uint8)       # [rows, K/32]
+    for info in list_formats():
+        if "mxfp4-codes" not in info.encodes_from:
+            continue
+        fmt = get_format(info.id)
+        parts = fmt.from_mxfp4(packed, scale, name="w")
+        assert set(parts) <= set(info.roles) and fmt.decode(parts, name="w").shape == (2, 256), info.id
+        ref = fmt.reference_from_mxfp4(packed, scale, name="w")
+        assert all(np.array_equal(parts[k], ref[k]) for k in parts), info.id
+
+
+def test_methods_come_from_the_registry():
+    from k3ckpt.requant.plan import parse_format
+
+    moet = get_format("moet-w2")
+    assert moet.check_method(None) == "refit" and moet.check_method("keep-scales") == "keep-scales"
+    assert parse_format("moet-w2").method == "refit"
+    assert parse_format("moet-w2:keep-scales").method == "keep-scales"
+    with pytest.raises(UsageError, match=r"one of \['keep-scales', 'refit'\]"):
+        moet.check_method("nope")
+    with pytest.raises(UsageError, match="refit or keep-scales"):
+        parse_format("moet-w2:nope")
+    with pytest.raises(UsageError, match="takes no method"):
+        parse_format("k3ckpt-mx2:refit")
+
+
+def test_ggml_types_are_gguf_types_with_the_same_bytes():
+    """A format that says GGUF can hold it names a ggml type whose block is its block, byte for
+    byte (gguf-py's table); the GGUF writer picks its encoders from these declarations."""
+    import gguf
+
+    from k3ckpt.gguf import produce
+
+    held = [i for i in list_formats() if i.ggml_type]
+    assert {i.id for i in held} >= {"gguf-iq2_xs", "gguf-iq2_xxs", "gguf-q2_k", "gguf-mxfp4", "f32", "f16", "bf16"}
+    for info in held:
+        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[info.ggml_type]]
+        assert info.bytes_per_block * block == nbytes * info.block, info.id
+    assert set(produce._FROM_FLOAT.values()) == {(i.id, i.parts[0].role) for i in held if i.block > 1}

@@ -40,4 +40,4 @@ def command(as_json):
 def _from_mxfp4(fid: str) -> bool:
     from ..formats import get_format
 
-    return hasattr(get_format(fid), "from_mxfp4")
+    return get_format(fid).info.mxfp4_codes

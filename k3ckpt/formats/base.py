@@ -21,6 +21,7 @@ format implements only ``_decode_rows`` and (if it can encode) ``_encode_rows``.
 from __future__ import annotations
 
 import functools
+import inspect
 import importlib
 import math
 from dataclasses import dataclass
@@ -93,6 +94,10 @@ class FormatInfo:
     bf16_exact: bool                      # decode(out=bfloat16) loses nothing
     spec: str                             # docs page (and anchor) a decoder can be written from
     tensor_parts: tuple[PartSpec, ...] = ()   # fixed-shape tensors stored once per weight (not per block)
+    # What it can do beyond decode/encode, declared here so planners and workers ask the table:
+    mxfp4_codes: bool = False             # encodes straight from MXFP4 codes (``from_mxfp4``)
+    methods: tuple[str, ...] = ()         # encoder methods, the first the default (``moet-w2:keep-scales``)
+    ggml_type: str | None = None          # the GGUF type holding the same bytes (then a GGUF can hold it)
 
     def __post_init__(self) -> None:
         assert self.id and self.id == self.id.strip().lower(), self.id
@@ -106,6 +111,17 @@ class FormatInfo:
     @property
     def bytes_per_block(self) -> int:
         return sum(n for _, n in self.fields)
+
+    @property
+    def encodes_from(self) -> tuple[str, ...]:
+        """What k3ckpt encodes this format from: ``floats`` and/or ``mxfp4-codes``."""
+        return (("floats",) if self.can_encode else ()) + (("mxfp4-codes",) if self.mxfp4_codes else ())
+
+    @property
+    def containers(self) -> tuple[str, ...]:
+        """The files that can hold it: k3ckpt writes every format into safetensors; GGUF
+        holds the ones a ggml type stores byte for byte."""
+        return ("safetensors",) + (("gguf",) if self.ggml_type else ())
 
     @property
     def bits_per_weight(self) -> float:
@@ -147,6 +163,10 @@ class FormatInfo:
             "can_encode": self.can_encode,
             "can_decode": self.can_decode,
             "bf16_exact": self.bf16_exact,
+            "encodes_from": list(self.encodes_from),
+            "methods": list(self.methods),
+            "containers": list(self.containers),
+            "ggml_type": self.ggml_type,
             "spec": self.spec,
         }
 
@@ -235,7 +255,33 @@ class Format:
         if info is None:
             return
         assert info.id not in _REGISTRY, f"format id {info.id!r} registered twice"
+        # the table and the class agree on what the format can do
+        assert info.mxfp4_codes == callable(getattr(cls, "from_mxfp4", None)), info.id
+        assert bool(info.methods) == (info.mxfp4_codes and "method" in inspect.signature(cls.from_mxfp4).parameters), \
+            info.id
         _REGISTRY[info.id] = cls()
+
+    #: the ``k3ckpt.requant`` module holding this format's encoders when they live there: a
+    #: hook loaded on first use, so ``formats`` never imports ``requant`` (requant imports formats)
+    encoder: ClassVar[str | None] = None
+
+    def encoder_module(self):
+        if self.encoder is None:
+            raise UnsupportedError(f"{self.info.id} has no encoder in k3ckpt.requant")
+        return importlib.import_module(f"k3ckpt.requant.{self.encoder}")
+
+    def check_method(self, method: str | None, *, name: str | None = None) -> str | None:
+        """``method`` if this format has it (None: the default, or None for a format without methods)."""
+        if not self.info.methods:
+            if method is not None:
+                raise UsageError(f"{self.info.id} has no methods, found {method!r}", tensor=name)
+            return None
+        if method is None:
+            return self.info.methods[0]
+        if method not in self.info.methods:
+            raise UsageError(f"{self.info.id} method must be one of {sorted(self.info.methods)}, found {method!r}",
+                             tensor=name)
+        return method
 
     @property
     def id(self) -> str:
@@ -492,7 +538,7 @@ def _key(name: str) -> str:
 
 def is_target(fmt: Format) -> bool:
     """Whether k3ckpt can write ``fmt`` (an encoder, or a transcode from MXFP4 codes)."""
-    return fmt.info.can_encode or hasattr(fmt, "from_mxfp4")
+    return bool(fmt.info.encodes_from)
 
 
 def find_format(name: str, *, option: str = "--format", targets: bool = False) -> Format:

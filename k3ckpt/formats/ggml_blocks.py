@@ -12,7 +12,6 @@ and the ``FormatInfo`` row.  The encoders live in ``k3ckpt.requant``.
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from typing import Callable, ClassVar
 
@@ -87,7 +86,6 @@ class GGMLBlockFormat(Format):
     """
 
     label: ClassVar[str]
-    encoder: ClassVar[str]
     decoders: ClassVar[tuple[Callable, Callable]]
     takes_imatrix: ClassVar[bool] = True
 
@@ -105,7 +103,7 @@ class GGMLBlockFormat(Format):
         return self.decoders[1 if reference else 0](rows["packed"])
 
     def _encode_fn(self, reference: bool):
-        mod = importlib.import_module(f"..requant.{self.encoder}", __package__)   # lazy: requant imports formats
+        mod = self.encoder_module()
         return mod.encode_reference if reference else mod.encode
 
     def _run_encoder(self, x, imatrix, name, *, reference: bool) -> dict[str, np.ndarray]:

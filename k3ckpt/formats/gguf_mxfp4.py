@@ -220,6 +220,7 @@ class GGUFMXFP4(MXFP4Format):
         can_decode=True,
         bf16_exact=True,
         spec="docs/formats/mxfp4.md#gguf-layout-gguf-mxfp4",
+        ggml_type="MXFP4",
     )
 
     def _to_pair(self, rows, *, reference):

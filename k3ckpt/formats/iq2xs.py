@@ -159,6 +159,8 @@ class IQ2XS(GGMLBlockFormat):
         can_decode=True,
         bf16_exact=False,   # d * (0.5 + s) / 4 * g carries up to 22 significant bits
         spec="docs/formats/iq2xs.md#stored-tensors",
+        mxfp4_codes=True,
+        ggml_type="IQ2_XS",
     )
 
     label = "IQ2_XS"

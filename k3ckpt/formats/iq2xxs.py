@@ -134,6 +134,8 @@ class IQ2XXS(GGMLBlockFormat):
         can_decode=True,
         bf16_exact=False,   # d * (0.5 + s) / 4 * g carries up to 22 significant bits
         spec="docs/formats/iq2_xxs.md#stored-tensors",
+        mxfp4_codes=True,
+        ggml_type="IQ2_XXS",
     )
 
     label = "IQ2_XXS"

@@ -145,7 +145,10 @@ class MoetW2(Format):
         can_decode=True,
         bf16_exact=True,
         spec="docs/formats/moet-w2.md#stored-tensors",
+        mxfp4_codes=True,
+        methods=("refit", "keep-scales"),   # refit first: the default
     )
+    encoder = "moet"
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         dec = decode_w2_ref if reference else decode_w2
@@ -161,13 +164,10 @@ class MoetW2(Format):
         return self._from_mxfp4(packed, scale, method, name, reference=True)
 
     def _from_mxfp4(self, packed, scale, method, name, *, reference):
-        from ..requant import moet
-
+        moet = self.encoder_module()
         encoders = {
             "refit": (moet.encode_refit, moet.encode_refit_reference),
             "keep-scales": (moet.encode_keep_scales, moet.encode_keep_scales_reference),
         }
-        if method not in encoders:
-            raise UsageError(f"moet-w2 method must be one of {sorted(encoders)}, found {method!r}", tensor=name)
-        codes, scales = encoders[method][1 if reference else 0](packed, scale, name=name)
+        codes, scales = encoders[self.check_method(method, name=name)][1 if reference else 0](packed, scale, name=name)
         return {"packed": codes, "scale": scales}

@@ -179,8 +179,10 @@ class MX2(Format):
         can_decode=True,
         bf16_exact=True,
         spec="docs/formats/mx2.md#stored-tensors",
+        mxfp4_codes=True,
         tensor_parts=TENSOR_PARTS,
     )
+    encoder = "mx2"
 
     def _sample_tensor_part(self, spec: PartSpec, rng: np.random.Generator) -> np.ndarray:
         # Valid side data only: levels rows 1 <= a < b <= 7, exp_base an E8M0 byte 0..254.
@@ -196,12 +198,8 @@ class MX2(Format):
 
     def from_mxfp4(self, packed, scale, *, name: str | None = None) -> dict[str, np.ndarray]:
         """Requantize MXFP4 pair-layout ``packed`` / ``scale`` to MX2 parts (numba; exact least squares)."""
-        from ..requant import mx2
-
-        return mx2.encode(packed, scale, name=name)[0]
+        return self.encoder_module().encode(packed, scale, name=name)[0]
 
     def reference_from_mxfp4(self, packed, scale, *, name: str | None = None) -> dict[str, np.ndarray]:
         """Same contract as ``from_mxfp4``, computed by the numpy reference."""
-        from ..requant import mx2
-
-        return mx2.encode_reference(packed, scale, name=name)[0]
+        return self.encoder_module().encode_reference(packed, scale, name=name)[0]

@@ -183,6 +183,7 @@ class PlainFormat(Format):
 
 
 def _plain_info(fid: str, dtype: str, nbytes: int, title: str, *, encode: bool, bf16_exact: bool) -> FormatInfo:
+    # the float dtypes GGUF stores as they are (ggml F32 / F16 / BF16); plain's dtype strings are theirs
     return FormatInfo(
         id=fid,
         title=title,
@@ -193,6 +194,7 @@ def _plain_info(fid: str, dtype: str, nbytes: int, title: str, *, encode: bool, 
         can_decode=True,
         bf16_exact=bf16_exact,
         spec="docs/formats/README.md#plain-dtypes",
+        ggml_type=dtype if dtype in ("F32", "F16", "BF16") else None,
     )
 
 

@@ -118,6 +118,8 @@ class Q2K(GGMLBlockFormat):
         can_decode=True,
         bf16_exact=False,   # d * sc * q - dmin * mc carries up to 24 significant bits
         spec="docs/formats/q2_k.md#stored-tensors",
+        mxfp4_codes=True,
+        ggml_type="Q2_K",
     )
 
     label = "Q2_K"

@@ -22,10 +22,20 @@ from .tensors import BF16, F16, F32, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0, Planned
 CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
 DECODED = ("F8_BLOCK", "INT4_PACK")     # quantized sources _load returns as float32
 
-# ggml type -> k3ckpt format that writes ggml's block bytes: from an MXFP4 expert's codes, from floats
-_FROM_MXFP4 = {IQ2_XS: "gguf-iq2_xs", IQ2_XXS: "gguf-iq2_xxs", Q2_K: "gguf-q2_k"}
-_FROM_FLOAT = {IQ2_XS: ("gguf-iq2_xs", "packed"), IQ2_XXS: ("gguf-iq2_xxs", "packed"), Q2_K: ("gguf-q2_k", "packed"),
-               MXFP4: ("gguf-mxfp4", "blocks")}
+# ggml type -> the registered format that writes ggml's block bytes (``FormatInfo.ggml_type``): from an
+# MXFP4 expert's codes, and from floats (with the part holding the bytes)
+_BLOCK_FORMATS = {IQ2_XS: "IQ2_XS", IQ2_XXS: "IQ2_XXS", Q2_K: "Q2_K", MXFP4: "MXFP4"}
+
+
+def _by_ggml_type() -> dict[str, object]:
+    from ..formats import list_formats
+
+    return {info.ggml_type: info for info in list_formats() if info.ggml_type}
+
+
+_FORMATS = {t: _by_ggml_type()[name] for t, name in _BLOCK_FORMATS.items()}
+_FROM_MXFP4 = {t: info.id for t, info in _FORMATS.items() if info.mxfp4_codes}
+_FROM_FLOAT = {t: (info.id, info.parts[0].role) for t, info in _FORMATS.items()}
 
 
 def _as_f32(raw: np.ndarray, dtype: str) -> np.ndarray:

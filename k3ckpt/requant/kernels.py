@@ -67,8 +67,8 @@ def cold_kernels(keys) -> dict[str, float]:
 
 
 def plan_keys(plan) -> list[str]:
-    """The ``_KERNELS`` keys of a plan's weights (moet-w2 by method, others by format)."""
-    return [w.method if w.format == "moet-w2" and w.method else w.format for w in plan.weights]
+    """The ``_KERNELS`` keys of a plan's weights (by method where the format has methods, else by format)."""
+    return [w.method or w.format for w in plan.weights]
 
 
 def compile_seconds(plan) -> float:

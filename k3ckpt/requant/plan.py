@@ -73,8 +73,8 @@ class FormatChoice:
 
 def parse_format(spec: str) -> FormatChoice:
     """``moet-w2`` (= ``moet-w2:refit``), ``moet-w2:keep-scales``, ``k3ckpt-mx2``, ``keep``, ``mxfp4``
-    (= ``mxfp4-pack-quantized``), or any registered format that encodes from MXFP4 (``from_mxfp4``)
-    or from floats."""
+    (= ``mxfp4-pack-quantized``), or any registered format that encodes from MXFP4 codes or from floats
+    (``FormatInfo.encodes_from``); a method only where the format lists it (``FormatInfo.methods``)."""
     from ..formats import target_format
 
     if not isinstance(spec, str) or not spec.strip():
@@ -85,14 +85,11 @@ def parse_format(spec: str) -> FormatChoice:
     fid, _, method = spec.partition(":")
     fmt = target_format(FORMAT_ALIASES.get(fid, fid))   # any case, llama.cpp names, did-you-mean
     fid = fmt.id
-    if fid == "moet-w2":
-        method = method or "refit"
-        if method not in ("refit", "keep-scales"):
-            raise UsageError(f"moet-w2 method must be refit or keep-scales, found {method!r} in {spec!r}")
-        return FormatChoice(spec, fid, method)
-    if method:
+    if not fmt.info.methods and method:
         raise UsageError(f"format {fid} takes no method, found {spec!r}")
-    return FormatChoice(spec, fid, None)
+    if fmt.info.methods and method and method not in fmt.info.methods:
+        raise UsageError(f"{fid} method must be {' or '.join(fmt.info.methods)}, found {method!r} in {spec!r}")
+    return FormatChoice(spec, fid, fmt.check_method(method or None))
 
 
 def parse_experts(experts) -> tuple[str | None, frozenset[str] | None]:

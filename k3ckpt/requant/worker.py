@@ -41,10 +41,10 @@ def _code_histogram(fmt, parts) -> tuple[int, ...]:
 
 
 def _encode(fmt, method: str | None, packed, scale, name: str):
-    if hasattr(fmt, "from_mxfp4"):
-        if method is None:
-            return fmt.from_mxfp4(packed, scale, name=name)
-        return fmt.from_mxfp4(packed, scale, method=method, name=name)
+    if fmt.info.mxfp4_codes:
+        if fmt.info.methods:
+            return fmt.from_mxfp4(packed, scale, method=fmt.check_method(method, name=name), name=name)
+        return fmt.from_mxfp4(packed, scale, name=name)
     from ..formats import get_format
 
     # Formats that encode from floats: the decoded MXFP4 values are their input.
@@ -123,15 +123,14 @@ def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, nam
     mx_scale = None
     if fmt.info.can_encode:
         parts = fmt.encode(x, name=name)
-    elif hasattr(fmt, "from_mxfp4"):
+    elif fmt.info.mxfp4_codes:
         packed, mx_scale = encode_pair(x, name=name)   # bit-exact OCP MXFP4 first, then the 2-bit encoder
-        parts = fmt.from_mxfp4(packed, mx_scale, name=name) if method is None else fmt.from_mxfp4(
-            packed, mx_scale, method=method, name=name)
+        parts = _encode(fmt, method, packed, mx_scale, name)
     else:
         raise UsageError(f"format {format} cannot be written", tensor=name)
     out = fmt.decode(parts, name=name).reshape(x.shape)
     stats, max_row_bias = _error(x, out)
-    refit = format == "moet-w2" and method == "refit" and mx_scale is not None
+    refit = method == "refit" and mx_scale is not None   # a refit moves exponents: count them
     result = TensorResult(
         name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,
         params=int(x.size), bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,

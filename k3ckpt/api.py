@@ -250,7 +250,9 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = "mo
             experts: str | list[str] | None = None, tensor_type=(), target_bpw: float | None = None,
             workers: int | None = None, report: str | os.PathLike | None = None, dry_run: bool = False,
             resume: bool = False, max_shard_size: int | str | None = None, max_disk: int | str | None = None,
-            staging: str | os.PathLike | None = None, keep_source: bool = False, progress: bool = False):
+            staging: str | os.PathLike | None = None, keep_source: bool = False, push_to: str | None = None,
+            private: bool = False, push_revision: str | None = None, progress: bool = False,
+            on_compile=None):
     """Requantize the routed experts of ``src`` into ``dst`` (``RequantResult``; docs/requant.md).
 
     Args:
@@ -271,29 +273,58 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = "mo
         max_shard_size: largest output shard, bytes or ``"5GB"`` (default 5 GB, as
             transformers' ``save_pretrained``; the source's sharding is not kept).
         max_disk, staging, keep_source: ``hf://`` sources only (``k3ckpt.hub.convert``):
-            bound downloaded shards plus output, where shards are staged, keep them.
+            bound downloaded shards plus output, where shards are staged, keep them.  With
+            ``dry_run``, ``max_disk`` is checked against the plan (``result.budget``).
+        push_to, private, push_revision: upload ``dst`` to this Hub repo when done
+            (``result.pushed``).
         progress: a tqdm bar on stderr.
+        on_compile: called with the expected seconds when kernels must compile first.
+
+    The result carries what happened around the pipeline: ``hub`` (staging facts of an
+    ``hf://`` run), ``budget`` and ``pushed``.
     """
+    import dataclasses
+
+    from .hub.options import hub_run_options
     from .requant.pipeline import requant_checkpoint
 
+    stage = hub_run_options(str(src), max_disk=None if max_disk is None else str(max_disk), staging=staging,
+                            keep_source=keep_source, push_to=push_to, private=private, revision=push_revision,
+                            dry_run=dry_run)
     options = dict(format=format, layout=layout, experts=experts, tensor_type=list(tensor_type),
                    target_bpw=target_bpw, workers=workers, report_path=report, progress=progress,
                    max_shard_bytes=_size(max_shard_size, "max_shard_size"))
-    hub_only = {"max_disk": max_disk, "staging": staging, "keep_source": keep_source}
-    from .hub import is_hub_url
-
-    if is_hub_url(str(src)) and not dry_run:
+    if on_compile is not None:
+        options["on_compile"] = on_compile
+    if stage is not None and not dry_run:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import requant_from_hub
 
-        return requant_from_hub(str(src), dst, resume=resume, max_disk=_size(max_disk, "max_disk"),
-                                staging=staging, keep_source=keep_source, **options).result
-    if not is_hub_url(str(src)) and any(hub_only.values()):
-        from .errors import UsageError
+        run = requant_from_hub(str(src), dst, resume=resume, **stage, **options)
+        result = dataclasses.replace(run.result, hub=run)
+    else:
+        with open_source(src) as ckpt:
+            result = requant_checkpoint(ckpt, dst, dry_run=dry_run, resume=resume, source_label=str(src), **options)
+            if stage is not None and stage["max_disk"] is not None:   # dry run: would the budget work?
+                from .hub.staged import budget_check
 
-        given = ", ".join(k for k, v in hub_only.items() if v)
-        raise UsageError(f"{given}: only for an hf:// source; src is a local path")
-    with open_source(src) as ckpt:
-        return requant_checkpoint(ckpt, dst, dry_run=dry_run, resume=resume, source_label=str(src), **options)
+                extra = result.plan.in_bytes - result.plan.out_bytes if target_bpw is not None else 0
+                result = dataclasses.replace(result, budget=budget_check(
+                    {n: ckpt.shard_size(n) for n in ckpt.shards}, len(ckpt.tensors),
+                    result.plan.total_bytes + max(0, extra), stage["max_disk"], keep_source=stage["keep_source"]))
+    if push_to is not None:
+        from .hub.push import push_output
+
+        result = dataclasses.replace(result, pushed=push_output(dst, push_to, private=private,
+                                                                revision=push_revision))
+    return result
+
+
+def format_spec(spec: str) -> str:
+    """A ``--format`` value with its format spelled as the registry's id (``IQ2_XS`` ->
+    ``gguf-iq2_xs``, ``MoeT-W2:keep-scales`` -> ``moet-w2:keep-scales``)."""
+    from .formats import canonical_format_spec
+
+    return canonical_format_spec(spec)
 
 
 @_for_python

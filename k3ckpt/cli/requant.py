@@ -81,52 +81,17 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
       k3ckpt requant hf://moonshotai/Kimi-K3@main k3-w2 --target-bpw 2.5 --max-disk 1TB
     """
     from .. import api
-    from ..formats import canonical_format_spec
-    from ..hub.options import hub_run_options
-    from ..requant.pipeline import requant_checkpoint
-    from ..units import parse_size
 
-    stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source,
-                            push_to=push_to, private=private, revision=push_revision, dry_run=dry_run)
-    options = dict(format=canonical_format_spec(fmt), experts=experts, tensor_type=list(tensor_type),
-                   workers=workers, report_path=report_path, target_bpw=target_bpw, layout=layout,
-                   max_shard_bytes=parse_size(max_shard_size, "--max-shard-size"),
-                   progress=not quiet and not as_json and sys.stderr.isatty())
-    if not quiet:   # numba compiles on a first run (tens of seconds) and says nothing itself
-        options["on_compile"] = lambda s: click.echo(f"compiling kernels (first run only, about "
-                                                     f"{human_duration(s)})", err=True)
-    hub_run = budget = None
-    if stage is not None and not dry_run:  # hf:// source: download shard by shard, convert, delete
-        from ..hub.convert import requant_from_hub
-
-        hub_run = requant_from_hub(src, dst, resume=resume, **stage, **options)
-        result = hub_run.result
-    else:
-        with api.open_source(src) as ckpt:
-            result = requant_checkpoint(ckpt, dst, dry_run=dry_run, resume=resume, source_label=src, **options)
-            if stage is not None and stage["max_disk"] is not None:  # dry run: would the budget work?
-                from ..hub.staged import budget_check
-
-                extra = result.plan.in_bytes - result.plan.out_bytes if target_bpw is not None else 0
-                budget = budget_check({n: ckpt.shard_size(n) for n in ckpt.shards}, len(ckpt.tensors),
-                                      result.plan.total_bytes + max(0, extra), stage["max_disk"],
-                                      keep_source=stage["keep_source"])
-    pushed = None
-    if push_to is not None:
-        from ..hub.push import push_output
-
-        pushed = push_output(dst, push_to, private=private, revision=push_revision)
+    spec = api.format_spec(fmt)
+    result = api.requant(src, dst, format=spec, experts=experts, tensor_type=list(tensor_type), workers=workers,
+                         report=report_path, target_bpw=target_bpw, layout=layout, max_shard_size=max_shard_size,
+                         dry_run=dry_run, resume=resume, max_disk=max_disk, staging=staging,
+                         keep_source=keep_source, push_to=push_to, private=private, push_revision=push_revision,
+                         progress=not quiet and not as_json and sys.stderr.isatty(),
+                         on_compile=None if quiet else _compile_note)
+    budget, hub_run, pushed = result.budget, result.hub, result.pushed
     if as_json:
-        out = result.to_dict()
-        if budget is not None:
-            out["max_disk"] = {"max_disk": budget.max_disk, "need": budget.need, "ok": budget.ok,
-                               "output_estimate": budget.output_bytes,
-                               "largest_shard_bytes": budget.largest_shard_bytes}
-        if hub_run is not None:
-            out["hub"] = hub_run.facts()
-        if pushed is not None:
-            out["pushed"] = pushed.to_dict()
-        echo_json(out)
+        echo_json(result.to_dict())
         return
     if dry_run:
         _print_plan(result)
@@ -134,7 +99,7 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
             click.echo(f"--target-bpw {target_bpw:g}: which weights stay MXFP4 is decided by measuring them "
                        "during the run; the plan above shows every selected weight in the 2.25 format")
     else:
-        _print_summary(result, options["format"])
+        _print_summary(result, spec)
     if budget is not None:
         click.echo(budget.message() if not budget.ok else
                    f"--max-disk {human_bytes(budget.max_disk)} works: a run needs {human_bytes(budget.need)} "
@@ -144,6 +109,11 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
         click.echo(hub_summary(hub_run))
     if pushed is not None:
         click.echo(pushed.summary())
+
+
+def _compile_note(seconds: float) -> None:
+    # numba compiles on a first run (tens of seconds) and says nothing itself
+    click.echo(f"compiling kernels (first run only, about {human_duration(seconds)})", err=True)
 
 
 def _groups(weights):

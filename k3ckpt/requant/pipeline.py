@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..checkpoint.identity import source_identity
 from ..errors import UsageError
@@ -55,6 +55,10 @@ class RequantResult:
     allocation: dict | None = None        # --target-bpw: Allocation.to_dict() (kept names, achieved bpw)
     compile_seconds: float = 0.0          # of estimated_seconds: compiling kernels (a cold numba cache)
     bytes_written: int = 0                # size of the output's weight shards (0 for a dry run)
+    # what api.requant did around the pipeline (None when it did not apply):
+    hub: Any = None                       # an hf:// source: hub.convert.HubRun (staging facts)
+    budget: Any = None                    # a dry run with max_disk: hub.staged's disk budget check
+    pushed: Any = None                    # push_to: hub.push's upload outcome
 
     @property
     def bits_per_weight(self) -> float:
@@ -117,7 +121,20 @@ class RequantResult:
             "report": self.report, "allocation": self.allocation,
             "plan": [w.to_dict() for w in self.plan.weights] if self.dry_run else [],
             "results": [r.to_dict() for r in self.results],
+            **self._around_dict(),
         }
+
+    def _around_dict(self) -> dict:
+        out: dict = {}
+        if self.budget is not None:
+            b = self.budget
+            out["max_disk"] = {"max_disk": b.max_disk, "need": b.need, "ok": b.ok, "output_estimate": b.output_bytes,
+                               "largest_shard_bytes": b.largest_shard_bytes}
+        if self.hub is not None:
+            out["hub"] = self.hub.facts()
+        if self.pushed is not None:
+            out["pushed"] = self.pushed.to_dict()
+        return out
 
 
 def _local_path(ckpt) -> str | None:

@@ -172,7 +172,7 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "bf1
     from .dequant import SHARD_BYTES
     from .dequant_run import dequant_checkpoint
 
-    shard = SHARD_BYTES if max_shard_size is None else _size(max_shard_size, "max_shard_size")
+    shard = SHARD_BYTES if max_shard_size is None else _size(max_shard_size, "--max-shard-size")
     if _is_gguf(src):
         from .gguf.dequant import dequant_gguf
         from .gguf.reader import open_gguf
@@ -226,14 +226,14 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     from .gguf.convert import write_gguf
     from .hub import is_hub_url
 
-    options = dict(expert_type=expert_type, outtype=outtype, split_max_bytes=_size(split_max_size, "split_max_size"),
+    options = dict(expert_type=expert_type, outtype=outtype, split_max_bytes=_size(split_max_size, "--split-max-size"),
                    tensor_type=list(tensor_type), target_bpw=target_bpw, fallback_type=fallback_type,
                    chat_template=chat_template)
     if is_hub_url(str(src)):
         from .hub.convert import gguf_from_hub
 
         run = gguf_from_hub(str(src), out, resume=resume, dry_run=dry_run, workers=workers, progress=progress,
-                            max_disk=_size(max_disk, "max_disk"), staging=staging, keep_source=keep_source,
+                            max_disk=_size(max_disk, "--max-disk"), staging=staging, keep_source=keep_source,
                             report=report, **options)
         return dataclasses.replace(run.result, hub={**run.facts(), "side_files": list(run.side_files)})
     hub_only = {"max_disk": max_disk, "staging": staging, "keep_source": keep_source}
@@ -293,7 +293,7 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = "mo
                             dry_run=dry_run)
     options = dict(format=format, layout=layout, experts=experts, tensor_type=list(tensor_type),
                    target_bpw=target_bpw, workers=workers, report_path=report, progress=progress,
-                   max_shard_bytes=_size(max_shard_size, "max_shard_size"))
+                   max_shard_bytes=_size(max_shard_size, "--max-shard-size"))
     if on_compile is not None:
         options["on_compile"] = on_compile
     if stage is not None and not dry_run:   # hf:// source: download shard by shard, convert, delete
@@ -370,7 +370,8 @@ def plan(src, devices, *, format: str | None = None, requant_report=None, loads=
     return run(src)
 
 
-def _load_plan(plan):
+def load_plan(plan):
+    """A ``Plan`` as it is, or read from a plan.json (``k3ckpt plan -o``)."""
     from .placement.spec import Plan
 
     if isinstance(plan, Plan):
@@ -385,7 +386,8 @@ def _load_plan(plan):
 def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str = "k3ckpt", resume: bool = False,
           ranks=None, ckpt_id: str | None = None, tag: str = "base", zero_mode: str = "auto", tp: int = 1,
           max_shard_size: int | str = 5_000_000_000, max_disk: int | str | None = None,
-          staging: str | os.PathLike | None = None, keep_source: bool = False, progress: bool = False):
+          staging: str | os.PathLike | None = None, keep_source: bool = False, dry_run: bool = False,
+          progress: bool = False):
     """Write per-rank files and expert packs of ``src`` into ``dst`` as ``plan`` says
     (``ShardResult``; docs/shard.md).  The order is the CLI's: ``k3ckpt shard SRC DST --plan P``.
 
@@ -399,19 +401,33 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
         tp: moet: tensor-parallel ranks per pipeline stage.
         max_shard_size: safetensors shard size, bytes or ``"5GB"``.
         max_disk, staging, keep_source: ``hf://`` sources only (see ``requant``).
+        dry_run: what each rank would get (``shard.dryrun.ShardDryRun``: files, bytes, whether
+            ``dst`` has the room), from headers alone; nothing written.
         progress: a tqdm bar on stderr.
+
+    An ``hf://`` run's result carries its staging facts (``result.hub``).
     """
-    from .hub import is_hub_url
+    import dataclasses
+
+    from .hub.options import hub_run_options
     from .shard.materialize import shard_checkpoint
 
-    the_plan = _load_plan(plan)
+    the_plan = load_plan(plan)
+    stage = hub_run_options(str(src), max_disk=None if max_disk is None else str(max_disk), staging=staging,
+                            keep_source=keep_source, push_to=None, private=False, revision=None)
     options = dict(layout=layout, ranks=ranks, ckpt_id=ckpt_id, tag=tag, zero_mode=zero_mode, tp=tp,
-                   max_shard_bytes=_size(max_shard_size, "max_shard_size"), progress=progress)
-    if is_hub_url(str(src)):
+                   max_shard_bytes=_size(max_shard_size, "--max-shard-size"))
+    if dry_run:
+        from .shard.dryrun import shard_dry_run
+
+        with open_source(src) as ckpt:
+            return shard_dry_run(ckpt, the_plan, dst, **options)
+    options["progress"] = progress
+    if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import shard_from_hub
 
-        return shard_from_hub(str(src), the_plan, dst, resume=resume, max_disk=_size(max_disk, "max_disk"),
-                              staging=staging, keep_source=keep_source, **options).result
+        run = shard_from_hub(str(src), the_plan, dst, resume=resume, **stage, **options)
+        return dataclasses.replace(run.result, hub=run)
     with open_source(src) as ckpt:
         return shard_checkpoint(ckpt, the_plan, dst, resume=resume, **options)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
@@ -26,17 +25,12 @@ def _ranks(text: str | None):
     return sorted(out)
 
 
-def _dry_run(src, dst, plan, options, as_json) -> None:
+def _print_dry_run(r, dst, as_json) -> None:
     """``--dry-run``: headers only (an hf:// source is read by range requests), nothing written."""
     from dataclasses import asdict
 
-    from .. import api
     from ..errors import DiskSpaceError
-    from ..shard.dryrun import shard_dry_run
 
-    kw = {k: v for k, v in options.items() if k != "progress"}
-    with api.open_source(src) as ckpt:
-        r = shard_dry_run(ckpt, plan, dst, **kw)
     if as_json:
         echo_json({**asdict(r), "files": r.files, "dry_run": True})
     else:
@@ -51,16 +45,6 @@ def _dry_run(src, dst, plan, options, as_json) -> None:
                    f"{human_bytes(r.total_bytes)}; {human_bytes(r.free_bytes)} free there; nothing written (--dry-run)")
     if not r.fits:
         raise DiskSpaceError(f"output needs {r.total_bytes:,} bytes but only {r.free_bytes:,} are free", file=dst)
-
-
-def load_plan(path: str):
-    from ..errors import NotFoundError
-    from ..placement.spec import Plan
-
-    p = Path(path)
-    if not p.is_file():
-        raise NotFoundError("no such plan file", file=str(p))
-    return Plan.from_json(p.read_bytes())
 
 
 @click.command("shard")
@@ -100,33 +84,15 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
       k3ckpt shard K3 out --plan plan.json --layout moet --tp 4 --ckpt-id k3-base
     """
     from .. import api
-    from ..hub.options import hub_run_options
-    from ..units import parse_size as parse_bytes
-    from ..shard.materialize import shard_checkpoint
 
-    plan = load_plan(plan_path)
-    stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source, push_to=None,
-                            private=False, revision=None)
-    options = dict(layout=layout, ranks=_ranks(ranks), progress=not quiet and sys.stderr.isatty(), ckpt_id=ckpt_id,
-                   tag=tag, zero_mode=zero_mode, tp=tp, max_shard_bytes=parse_bytes(max_shard, "--max-shard-size"))
+    plan = api.load_plan(plan_path)
+    r = api.shard(src, dst, plan=plan, layout=layout, resume=resume, ranks=_ranks(ranks), ckpt_id=ckpt_id, tag=tag,
+                  zero_mode=zero_mode, tp=tp, max_shard_size=max_shard, max_disk=max_disk, staging=staging,
+                  keep_source=keep_source, dry_run=dry_run, progress=not quiet and sys.stderr.isatty())
     if dry_run:
-        return _dry_run(src, dst, plan, options, as_json)
-    hub_run = None
-    if stage is not None:  # hf:// source: download shard by shard, convert, delete
-        from ..hub.convert import shard_from_hub
-
-        hub_run = shard_from_hub(src, plan, dst, resume=resume, **stage, **options)
-        r = hub_run.result
-    else:
-        with api.open_source(src) as ckpt:
-            r = shard_checkpoint(ckpt, plan, dst, resume=resume, **options)
+        return _print_dry_run(r, dst, as_json)
     if as_json:
-        from dataclasses import asdict
-
-        out = asdict(r)
-        if hub_run is not None:
-            out["hub"] = hub_run.facts()
-        echo_json(out)
+        echo_json(r.to_dict())
         return
     click.echo(f"wrote {r.dst}: {r.mode} plan, layout {r.layout}, {len(r.ranks)} rank(s), {len(r.files)} file(s), "
                f"{human_bytes(r.bytes_written)}" + (f" ({r.files_resumed} kept from the earlier run)"
@@ -137,16 +103,13 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
     click.echo(table(rows, ["rank", "folder", "tensors", "experts", "pack", "records"], "rllrlr"))
     if len(r.ranks) > 16:
         click.echo(f"... {len(r.ranks) - 16} more rank(s)")
-    if hub_run is not None:
+    if r.hub is not None:
         from .requant import hub_summary
 
-        click.echo(hub_summary(hub_run))
+        click.echo(hub_summary(r.hub))
     if r.layout == "moet":
-        from ..placement.stages import partition_text, pp_counts
-
-        counts = list(plan.cache.pp_partition)
-        pp = (f"; run vLLM with VLLM_PP_LAYER_PARTITION={partition_text(counts)} (the plan's stages)"
-              if len(counts) > 1 and counts != pp_counts(sum(counts), len(counts)) else "")
+        env = plan.cache.vllm_pp_partition()
+        pp = f"; run vLLM with VLLM_PP_LAYER_PARTITION={env} (the plan's stages)" if env else ""
         click.echo("moet packs are in moet-store/: point VLLM_MOE_W2_STORE_DIR at it, set VLLM_MOE_W2_CKPT_ID "
                    "to the ckpt_id in rank-*/rank.json, VLLM_MOE_W2=1 and VLLM_MOE_W2_BASE_CACHE_GB above 0 (the "
                    f"runtime reads packs only then){pp}")

@@ -285,6 +285,16 @@ class CacheLayout:
         if pp and (len(pp) != G or min(pp) < 1):
             raise UsageError(f"cache pp_partition must hold one positive count per rank ({G})")
         object.__setattr__(self, "pp_partition", pp)
+
+    def vllm_pp_partition(self) -> str | None:
+        """``VLLM_PP_LAYER_PARTITION`` for this layout's stages, or None where vLLM's own split
+        (``get_pp_indices``) already gives them."""
+        from .stages import partition_text, pp_counts
+
+        counts = list(self.pp_partition)
+        if len(counts) > 1 and counts != pp_counts(sum(counts), len(counts)):
+            return partition_text(counts)
+        return None
         from .cache import POLICIES
 
         if self.policy not in POLICIES:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,14 @@ class ShardResult:
     files: tuple[str, ...]
     files_resumed: int
     bytes_written: int
+    hub: Any = field(default=None, compare=False)   # an hf:// source: hub.convert.HubRun (set by api.shard)
+
+    def to_dict(self) -> dict:
+        out = asdict(replace(self, hub=None))
+        del out["hub"]
+        if self.hub is not None:
+            out["hub"] = self.hub.facts()
+        return out
 
 
 # --------------------------------------------------------------------------- plan -> work

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .formats import ids
 from .formats.e2m1 import E2M1_VALUES, E8M0_F32, E8M0_NAN
 from .io.dtypes import lookup, value_dtype
 from .io.reader import Checkpoint
@@ -158,11 +159,10 @@ def scan_checkpoint(ckpt: Checkpoint, *, progress: bool = False, chunk_bytes: in
             partner = _mx_partner(name)
             read = 0
             if e.dtype == "U8" and partner in ckpt and ckpt.entry(partner).dtype == "U8" \
-                    and tr.storage in ("mxfp4-pack-quantized", "gpt-oss-mxfp4"):
+                    and tr.storage in ids.MXFP4_LAYOUTS:
                 acc.tensors += 1
                 read = _scan_mxfp4(ckpt, name, partner, acc, chunk_bytes)
-            elif tr.part in ("scale", "scales") and e.dtype == "U8" and tr.storage in (
-                    "mxfp4-pack-quantized", "gpt-oss-mxfp4"):
+            elif tr.part in ("scale", "scales") and e.dtype == "U8" and tr.storage in ids.MXFP4_LAYOUTS:
                 read = 0  # read with its codes
             elif e.dtype in _FLOAT_DTYPES and lookup(e.dtype).bits >= 8:
                 acc.tensors += 1

@@ -6,7 +6,8 @@ kernels) and ``reference_decode`` / ``reference_encode`` (numpy), plus
 the format table.  What users type (``--format IQ2_XS``) goes through
 ``find_format`` (any format) or ``target_format`` (formats k3ckpt writes):
 case-insensitive, llama.cpp spellings, "did you mean", one ``UsageError``.  Importing this package registers every built-in format;
-numba is imported only when a kernel first runs.
+numba is imported only when a kernel first runs.  ``ids`` names every built-in
+format; ``recognise(quantization_config)`` says which format a checkpoint declares.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from .base import (FORMAT_ALIASES, Format, FormatInfo, Part, PartSpec, canonical
 from . import fp8_block, gguf_mxfp4, gptoss, int4_pack, iq2xs, moet_w2, mx2, mxfp4, nvfp4, plain  # noqa: E402,F401  (register the built-in formats)
 from . import iq2xxs, q2_k  # noqa: E402,F401  (llama.cpp quant family)
 from .e2m1 import count_nan_scales
+from . import ids  # noqa: E402
+from .recognise import recognise  # noqa: E402
 
 __all__ = [
     "FORMAT_ALIASES",
@@ -30,5 +33,7 @@ __all__ = [
     "get_format",
     "is_target",
     "list_formats",
+    "ids",
+    "recognise",
     "target_format",
 ]

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import NotFoundError, ShapeError, UnsupportedError, UsageError
 from ..io.dtypes import lookup as lookup_dtype
 from ..io.dtypes import value_dtype
+from . import ids
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class FormatInfo:
     mxfp4_codes: bool = False             # encodes straight from MXFP4 codes (``from_mxfp4``)
     methods: tuple[str, ...] = ()         # encoder methods, the first the default (``moet-w2:keep-scales``)
     ggml_type: str | None = None          # the GGUF type holding the same bytes (then a GGUF can hold it)
+    # How a checkpoint's quantization_config names it (``formats.recognise``): ``quant_method``, or
+    # ``quant_method/format`` (compressed-tensors' format, fp8's ``block``, ModelOpt's algorithm)
+    declared_as: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.id and self.id == self.id.strip().lower(), self.id
@@ -255,6 +259,8 @@ class Format:
         if info is None:
             return
         assert info.id not in _REGISTRY, f"format id {info.id!r} registered twice"
+        claimed = {d for other in _REGISTRY.values() for d in other.info.declared_as}
+        assert not claimed & set(info.declared_as), (info.id, info.declared_as)   # one format per declaration
         # the table and the class agree on what the format can do
         assert info.mxfp4_codes == callable(getattr(cls, "from_mxfp4", None)), info.id
         assert bool(info.methods) == (info.mxfp4_codes and "method" in inspect.signature(cls.from_mxfp4).parameters), \
@@ -265,10 +271,21 @@ class Format:
     #: hook loaded on first use, so ``formats`` never imports ``requant`` (requant imports formats)
     encoder: ClassVar[str | None] = None
 
+    #: ``module:function`` in ``k3ckpt.requant`` doing requant's whole per-weight pass from MXFP4
+    #: codes in one kernel (parts and report numbers), where the format has one
+    one_pass: ClassVar[str | None] = None
+
     def encoder_module(self):
         if self.encoder is None:
             raise UnsupportedError(f"{self.info.id} has no encoder in k3ckpt.requant")
         return importlib.import_module(f"k3ckpt.requant.{self.encoder}")
+
+    def one_pass_requant(self):
+        """The ``one_pass`` hook (imported now), or None."""
+        if self.one_pass is None:
+            return None
+        module, _, fn = self.one_pass.partition(":")
+        return getattr(importlib.import_module(f"k3ckpt.requant.{module}"), fn)
 
     def check_method(self, method: str | None, *, name: str | None = None) -> str | None:
         """``method`` if this format has it (None: the default, or None for a format without methods)."""
@@ -526,9 +543,9 @@ def get_format(format_id: str) -> Format:
 # --outtype) and the short name requant has always taken.  Matched case-insensitively, with
 # '-' and '_' alike; a name that is a registered id with its "gguf-" left off also matches.
 FORMAT_ALIASES: dict[str, str] = {
-    "mxfp4": "mxfp4-pack-quantized",   # k3ckpt requant's MXFP4 output (docs/requant.md)
-    "mxfp4-moe": "gguf-mxfp4",         # llama-quantize MXFP4_MOE
-    "fp4": "nvfp4",
+    "mxfp4": ids.MXFP4_PACK,       # k3ckpt requant's MXFP4 output (docs/requant.md)
+    "mxfp4-moe": ids.GGUF_MXFP4,   # llama-quantize MXFP4_MOE
+    "fp4": ids.NVFP4,
 }
 
 

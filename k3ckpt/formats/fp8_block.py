@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import ShapeError, UsageError
 from .base import Format, FormatInfo, Part, PartSpec, output_dtype
 from .plain import FP8_E4M3_F32, decode_fp8_e4m3_ref
+from . import ids
 
 __all__ = ["TILE", "BlockFP8", "decode_fp8_block", "decode_fp8_block_ref", "destination", "scale_shape", "to_output"]
 
@@ -177,7 +178,7 @@ class BlockFP8(Format):
     """``fp8-block``: DeepSeek-V3 / Kimi K2 ``weight`` + ``weight_scale_inv`` (decode only)."""
 
     info = FormatInfo(
-        id="fp8-block",
+        id=ids.FP8_BLOCK,
         title="FP8 E4M3 with an F32 scale per 128x128 tile (DeepSeek-V3, Kimi K2)",
         block=TILE * TILE,
         fields=(("f32 scale_inv", 4), ("e4m3 codes", TILE * TILE)),
@@ -189,6 +190,7 @@ class BlockFP8(Format):
         can_decode=True,
         bf16_exact=False,
         spec="docs/formats/fp8-block.md#block-fp8-deepseek-v3-kimi-k2",
+        declared_as=("fp8/block",),   # quant_method fp8 with a weight_block_size
     )
 
     tile = TILE

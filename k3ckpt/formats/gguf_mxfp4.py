@@ -26,6 +26,7 @@ from ..errors import ShapeError
 from .base import FormatInfo, Part, output_dtype
 from .e2m1 import BLOCK, E8M0_F32, NIBBLE_HI_F32, NIBBLE_LO_F32
 from .mxfp4 import MXFP4Format, _decode_dst, _pair_rows, e2m1_value_ref
+from . import ids
 
 __all__ = [
     "GGUFMXFP4",
@@ -211,7 +212,7 @@ class GGUFMXFP4(MXFP4Format):
     """GGUF ``block_mxfp4`` rows (as stored in a .gguf tensor of type 39)."""
 
     info = FormatInfo(
-        id="gguf-mxfp4",
+        id=ids.GGUF_MXFP4,
         title="MXFP4, GGUF block_mxfp4 (ggml type 39)",
         block=BLOCK,
         fields=(("e8m0 scale", 1), ("e2m1 codes", 16)),

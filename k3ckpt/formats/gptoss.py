@@ -19,6 +19,7 @@ from ..errors import ShapeError
 from .base import FormatInfo, Part
 from .e2m1 import BLOCK
 from .mxfp4 import MXFP4Format
+from . import ids
 
 __all__ = ["GptOss", "blocks_to_packed", "packed_to_blocks", "split_gate_up", "interleave_gate_up"]
 
@@ -90,7 +91,7 @@ class GptOss(MXFP4Format):
     _scale_role = "scales"
 
     info = FormatInfo(
-        id="gpt-oss-mxfp4",
+        id=ids.GPT_OSS_MXFP4,
         title="MXFP4, gpt-oss blocks/scales layout",
         block=BLOCK,
         fields=(("e8m0 scale", 1), ("e2m1 codes", 16)),
@@ -102,4 +103,5 @@ class GptOss(MXFP4Format):
         can_decode=True,
         bf16_exact=True,
         spec="docs/formats/mxfp4.md#gpt-oss-layout-gpt-oss-mxfp4",
+        declared_as=("mxfp4",),   # transformers' gpt-oss config
     )

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ShapeError, UsageError
 from .base import Format, FormatInfo, Part, PartSpec, first_nonfinite
+from . import ids
 
 __all__ = [
     "GROUP",
@@ -278,7 +279,7 @@ class Int4PackQuantized(Format):
     """``int4-pack-quantized``: compressed-tensors ``pack-quantized`` INT4 (Kimi K2-Thinking experts)."""
 
     info = FormatInfo(
-        id="int4-pack-quantized",
+        id=ids.INT4_PACK,
         title="INT4 group 32 symmetric, compressed-tensors pack-quantized (Kimi K2-Thinking)",
         block=GROUP,
         fields=(("bf16 scale", 2), ("int4 codes", 16)),
@@ -290,6 +291,7 @@ class Int4PackQuantized(Format):
         can_decode=True,
         bf16_exact=False,
         spec="docs/formats/int4-pack.md#int4-pack-quantized-compressed-tensors",
+        declared_as=("compressed-tensors/pack-quantized",),
         tensor_parts=(PartSpec("shape", ".weight_shape", "I64", (2,)),),
     )
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from .base import FormatInfo, Part
 from .ggml_blocks import QK, GGMLBlockFormat, check_blocks, decode_with, f16_table, half_steps, sign_values
+from . import ids
 
 __all__ = [
     "BLOCK_BYTES",
@@ -150,7 +151,7 @@ class IQ2XS(GGMLBlockFormat):
     """``gguf-iq2_xs``: llama.cpp IQ2_XS blocks, row-major, one U8 tensor."""
 
     info = FormatInfo(
-        id="gguf-iq2_xs",
+        id=ids.GGUF_IQ2_XS,
         title="llama.cpp IQ2_XS 2.3125 bpw: fp16 d, 9-bit E8-grid + 7-bit sign per 8, 4-bit scale per 16",
         block=QK,
         fields=(("fp16 d", 2), ("qs: 32 x u16 grid + sign index", 64), ("4-bit scales", 8)),

@@ -33,6 +33,7 @@ import numpy as np
 from .base import FormatInfo, Part
 from .ggml_blocks import QK, GGMLBlockFormat, check_blocks, decode_with, f16_table, half_steps, sign_values
 from .iq2xs import sign_table
+from . import ids
 
 __all__ = ["BLOCK_BYTES", "IQ2XXS", "QK", "check_iq2xxs", "decode_iq2xxs", "decode_iq2xxs_ref", "grid_table"]
 
@@ -125,7 +126,7 @@ class IQ2XXS(GGMLBlockFormat):
     """``gguf-iq2_xxs``: llama.cpp IQ2_XXS blocks, row-major, one U8 tensor."""
 
     info = FormatInfo(
-        id="gguf-iq2_xxs",
+        id=ids.GGUF_IQ2_XXS,
         title="llama.cpp IQ2_XXS 2.0625 bpw: fp16 d, 8-bit E8-grid index + 7-bit sign per 8, 4-bit scale per 32",
         block=QK,
         fields=(("fp16 d", 2), ("grid indices: 32 x u8", 32), ("signs + scales: 8 x u32", 32)),

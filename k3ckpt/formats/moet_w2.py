@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import UsageError
 from .base import Format, FormatInfo, Part
 from .e2m1 import BLOCK, E8M0_F32, block_rows
+from . import ids
 
 __all__ = [
     "CODE_TO_NIBBLE",
@@ -133,7 +134,7 @@ class MoetW2(Format):
     """``moet-w2``: 2-bit codes {-4, -1, +1, +4} under E8M0 block scales (vLLM-Moet levels)."""
 
     info = FormatInfo(
-        id="moet-w2",
+        id=ids.MOET_W2,
         title="Moet 2.25 bpw: 2-bit codes {-4,-1,1,4} x E8M0 per 32, row-major",
         block=BLOCK,
         fields=(("e8m0 scale", 1), ("2-bit codes", 8)),
@@ -149,6 +150,7 @@ class MoetW2(Format):
         methods=("refit", "keep-scales"),   # refit first: the default
     )
     encoder = "moet"
+    one_pass = "moet_fused:requant_moet"
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         dec = decode_w2_ref if reference else decode_w2

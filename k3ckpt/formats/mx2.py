@@ -29,6 +29,7 @@ from ..errors import InvalidFileError, ShapeError
 from .base import Format, FormatInfo, Part, PartSpec
 from .e2m1 import BLOCK, E2M1_VALUES, E8M0_F32
 from .moet_w2 import check_w2, unpack_codes
+from . import ids
 
 __all__ = [
     "E2M1_CODE",
@@ -167,7 +168,7 @@ class MX2(Format):
     """
 
     info = FormatInfo(
-        id="k3ckpt-mx2",
+        id=ids.MX2,
         title="k3ckpt MX2 2.25 bpw: 2-bit codes, per-block selector of 4 E2M1 level sets + exponent offset",
         block=BLOCK,
         fields=(("selector + exponent offset", 1), ("2-bit codes", 8)),

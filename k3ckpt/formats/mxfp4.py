@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import NaNScaleError, ShapeError, UsageError
 from .base import Format, FormatInfo, Part, as_float32_input, output_dtype
+from . import ids
 from .e2m1 import (
     BLOCK,
     E8M0_BIAS,
@@ -483,7 +484,7 @@ class PackQuantized(MXFP4Format):
     """compressed-tensors ``mxfp4-pack-quantized`` (Kimi K3 routed experts)."""
 
     info = FormatInfo(
-        id="mxfp4-pack-quantized",
+        id=ids.MXFP4_PACK,
         title="MXFP4, compressed-tensors pair layout (Kimi K3)",
         block=BLOCK,
         fields=(("e8m0 scale", 1), ("e2m1 codes", 16)),
@@ -495,4 +496,5 @@ class PackQuantized(MXFP4Format):
         can_decode=True,
         bf16_exact=True,
         spec="docs/formats/mxfp4.md#pair-layout-mxfp4-pack-quantized",
+        declared_as=("compressed-tensors/mxfp4-pack-quantized",),
     )

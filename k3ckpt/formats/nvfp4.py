@@ -36,6 +36,7 @@ from .base import Format, FormatInfo, Part, PartSpec, as_float32_input, first_no
 from .e2m1 import E2M1_VALUES, NIBBLE_HI_F32, NIBBLE_LO_F32
 from .mxfp4 import e2m1_value_ref
 from .plain import FP8_E4M3_F32, decode_fp8_e4m3_ref
+from . import ids
 
 __all__ = [
     "BLOCK",
@@ -359,7 +360,7 @@ class NVFP4(NVFP4Format):
     """``nvfp4``: compressed-tensors ``nvfp4-pack-quantized``."""
 
     info = FormatInfo(
-        id="nvfp4",
+        id=ids.NVFP4,
         title="NVFP4, compressed-tensors naming (E2M1, E4M3 scale per 16, F32 global divisor)",
         block=BLOCK,
         fields=(("e4m3 scale", 1), ("e2m1 codes", 8)),
@@ -371,6 +372,7 @@ class NVFP4(NVFP4Format):
         can_decode=True,
         bf16_exact=False,
         spec="docs/formats/nvfp4.md#compressed-tensors-naming-nvfp4",
+        declared_as=("compressed-tensors/nvfp4-pack-quantized",),
         tensor_parts=(PartSpec("global_scale", ".weight_global_scale", "F32", (1,)),),
     )
 
@@ -382,7 +384,7 @@ class NVFP4ModelOpt(NVFP4Format):
     _global_role = "scale_2"
 
     info = FormatInfo(
-        id="nvfp4-modelopt",
+        id=ids.NVFP4_MODELOPT,
         title="NVFP4, ModelOpt naming (E2M1, E4M3 scale per 16, F32 weight_scale_2 multiplier)",
         block=BLOCK,
         fields=(("e4m3 scale", 1), ("e2m1 codes", 8)),
@@ -394,6 +396,7 @@ class NVFP4ModelOpt(NVFP4Format):
         can_decode=True,
         bf16_exact=False,
         spec="docs/formats/nvfp4.md#modelopt-naming-nvfp4-modelopt",
+        declared_as=("modelopt/nvfp4",),
         tensor_parts=(PartSpec("scale_2", ".weight_scale_2", "F32", (1,)),),
     )
 

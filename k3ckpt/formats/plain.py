@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .base import Format, FormatInfo, Part
+from . import ids
 
 __all__ = [
     "PlainFormat",
@@ -182,7 +183,8 @@ class PlainFormat(Format):
         raise NotImplementedError
 
 
-def _plain_info(fid: str, dtype: str, nbytes: int, title: str, *, encode: bool, bf16_exact: bool) -> FormatInfo:
+def _plain_info(fid: str, dtype: str, nbytes: int, title: str, *, encode: bool, bf16_exact: bool,
+                declared_as: tuple[str, ...] = ()) -> FormatInfo:
     # the float dtypes GGUF stores as they are (ggml F32 / F16 / BF16); plain's dtype strings are theirs
     return FormatInfo(
         id=fid,
@@ -194,12 +196,13 @@ def _plain_info(fid: str, dtype: str, nbytes: int, title: str, *, encode: bool, 
         can_decode=True,
         bf16_exact=bf16_exact,
         spec="docs/formats/README.md#plain-dtypes",
+        declared_as=declared_as,
         ggml_type=dtype if dtype in ("F32", "F16", "BF16") else None,
     )
 
 
 class BF16(PlainFormat):
-    info = _plain_info("bf16", "BF16", 2, "bfloat16", encode=True, bf16_exact=True)
+    info = _plain_info(ids.BF16, "BF16", 2, "bfloat16", encode=True, bf16_exact=True)
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         w = rows["weight"]
@@ -216,7 +219,7 @@ class BF16(PlainFormat):
 
 
 class F16(PlainFormat):
-    info = _plain_info("f16", "F16", 2, "IEEE float16", encode=True, bf16_exact=False)
+    info = _plain_info(ids.F16, "F16", 2, "IEEE float16", encode=True, bf16_exact=False)
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         w = rows["weight"]
@@ -232,7 +235,7 @@ class F16(PlainFormat):
 
 
 class F32(PlainFormat):
-    info = _plain_info("f32", "F32", 4, "IEEE float32", encode=True, bf16_exact=False)
+    info = _plain_info(ids.F32, "F32", 4, "IEEE float32", encode=True, bf16_exact=False)
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         return rows["weight"].copy()
@@ -242,7 +245,8 @@ class F32(PlainFormat):
 
 
 class FP8E4M3(PlainFormat):
-    info = _plain_info("fp8-e4m3", "F8_E4M3", 1, "float8 e4m3fn (decode only)", encode=False, bf16_exact=True)
+    info = _plain_info(ids.FP8_E4M3, "F8_E4M3", 1, "float8 e4m3fn (decode only)", encode=False, bf16_exact=True,
+                       declared_as=("compressed-tensors/float-quantized", "fp8"))   # per-tensor FP8
 
     def _decode_rows(self, rows, k, *, reference, bf16):
         w = rows["weight"]

@@ -29,6 +29,7 @@ import numpy as np
 
 from .base import FormatInfo, Part
 from .ggml_blocks import QK, GGMLBlockFormat, check_blocks, decode_with, f16_table
+from . import ids
 
 __all__ = ["BLOCK_BYTES", "Q2K", "QK", "check_q2k", "code_order", "decode_q2k", "decode_q2k_ref"]
 
@@ -109,7 +110,7 @@ class Q2K(GGMLBlockFormat):
     """``gguf-q2_k``: llama.cpp Q2_K blocks, row-major, one U8 tensor."""
 
     info = FormatInfo(
-        id="gguf-q2_k",
+        id=ids.GGUF_Q2_K,
         title="llama.cpp Q2_K 2.625 bpw: 2-bit codes, 4-bit scale + 4-bit min per 16, fp16 d and dmin",
         block=QK,
         fields=(("4-bit scale + 4-bit min per 16", 16), ("qs: 2-bit codes", 64), ("fp16 d", 2), ("fp16 dmin", 2)),

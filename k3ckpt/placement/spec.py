@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from ..errors import UsageError
+from ..formats.ids import MXFP4_PACK
 from .devices import DeviceSet, DeviceSpec, NVMeDrive
 
 __all__ = ["PLAN_VERSION", "MoEGeometry", "PlacementReport", "CachePolicyReport", "CacheReport", "CacheLayout",
            "Plan", "placement_slot_limit"]
 
 PLAN_VERSION = 1
-FORMAT_ID = "mxfp4-pack-quantized"
+FORMAT_ID = MXFP4_PACK   # what the planner sizes experts in unless told otherwise (Kimi K3 as shipped)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ..formats import ids
 from .base import Profile, get_profile
 from .declared import declared_parts
 from .geometry import names_quant_hint, quant_hint, text_config
@@ -29,7 +30,7 @@ def detect_id(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> st
             return "kimi_linear"
         if mt in _DEEPSEEK_TYPES or inner in _DEEPSEEK_TYPES:
             # K2-Thinking keeps the DeepSeek-V3 model type; its experts are INT4.
-            return "kimi_k2_thinking" if quant_hint(config) == "int4-pack-quantized" else "deepseek_v3"
+            return "kimi_k2_thinking" if quant_hint(config) == ids.INT4_PACK else "deepseek_v3"
         if mt == "gpt_oss":
             return "gpt_oss"
     return _id_from_names(names)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..formats import ids
 from ..io import dtypes
 from .base import Profile, _dtype_of
 from .declared import coded_params
@@ -74,7 +75,7 @@ def logical_params(role: TensorRole, dtype: str, shape: tuple[int, ...]) -> int:
         if dtype == "U8":
             return numel * 2
     if role.part in ("weight", "bias"):
-        if role.storage == "nvfp4-modelopt" and dtype == "U8":  # ModelOpt codes under a plain name
+        if role.storage == ids.NVFP4_MODELOPT and dtype == "U8":  # ModelOpt codes under a plain name
             return numel * 2
         return numel
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
+from ..formats import ids
 from .base import Profile, Rule, rule
 from .geometry import ModelGeometry, deepseek_geometry, kimi_geometry, text_config
 from .roles import Role
@@ -43,7 +44,7 @@ class KimiK3Profile(Profile):
     display_name: ClassVar[str] = "Kimi K3 (LatentMoE, MXFP4 experts)"
     model_name: ClassVar[str | None] = "Kimi K3"
     rules: ClassVar[tuple[Rule, ...]] = _K3_RULES
-    default_quant: ClassVar[str | None] = "mxfp4-pack-quantized"
+    default_quant: ClassVar[str | None] = ids.MXFP4_PACK
 
     @classmethod
     def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
@@ -70,7 +71,7 @@ class DeepseekV3Profile(Profile):
     id: ClassVar[str] = "deepseek_v3"
     display_name: ClassVar[str] = "DeepSeek-V3 / Kimi K2 (block FP8)"
     model_name: ClassVar[str | None] = "DeepSeek-V3 / Kimi K2"
-    default_quant: ClassVar[str | None] = "fp8-block"
+    default_quant: ClassVar[str | None] = ids.FP8_BLOCK
 
     @classmethod
     def geometry_from(cls, config: Mapping[str, Any]) -> ModelGeometry | None:
@@ -83,7 +84,7 @@ class KimiK2ThinkingProfile(DeepseekV3Profile):
     id: ClassVar[str] = "kimi_k2_thinking"
     display_name: ClassVar[str] = "Kimi K2-Thinking (INT4 pack-quantized experts)"
     model_name: ClassVar[str | None] = "Kimi K2-Thinking"
-    default_quant: ClassVar[str | None] = "int4-pack-quantized"
+    default_quant: ClassVar[str | None] = ids.INT4_PACK
 
 
 class GptOssProfile(Profile):
@@ -92,5 +93,5 @@ class GptOssProfile(Profile):
     id: ClassVar[str] = "gpt_oss"
     display_name: ClassVar[str] = "gpt-oss (fused MXFP4 experts)"
     model_name: ClassVar[str | None] = "gpt-oss"
-    default_quant: ClassVar[str | None] = "gpt-oss-mxfp4"
+    default_quant: ClassVar[str | None] = ids.GPT_OSS_MXFP4
     # geometry: the base class's generic reader (common Hugging Face keys, tolerant)

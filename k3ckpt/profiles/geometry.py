@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..errors import InvalidFileError
+from ..formats import ids, recognise
 
 CONFIG = "config.json"
 
@@ -196,34 +197,13 @@ def quant_hint(config: Mapping[str, Any] | None) -> str | None:
     qc = config.get("quantization_config") or text_config(config).get("quantization_config")
     if not isinstance(qc, Mapping):
         return None
-    method = qc.get("quant_method")
-    if method == "k3ckpt":   # a requant output: weights it did not write keep the source's storage
-        src = qc.get("source_quantization_config")
-        return quant_hint({"quantization_config": src}) if isinstance(src, Mapping) else None
-    if method == "compressed-tensors":
-        fmt = qc.get("format")
-        groups = qc.get("config_groups")
-        if not fmt and isinstance(groups, Mapping):
-            fmt = next((g.get("format") for g in groups.values() if isinstance(g, Mapping) and g.get("format")), None)
-        return {
-            "mxfp4-pack-quantized": "mxfp4-pack-quantized",
-            "pack-quantized": "int4-pack-quantized",
-            "nvfp4-pack-quantized": "nvfp4",
-            "float-quantized": "fp8-e4m3",
-        }.get(fmt)
-    if method == "fp8":
-        return "fp8-block" if qc.get("weight_block_size") else "fp8-e4m3"
-    if method == "mxfp4":
-        return "gpt-oss-mxfp4"
-    if method == "modelopt" and "NVFP4" in str(qc.get("quant_algo", "")).upper():
-        return "nvfp4-modelopt"
-    return None
+    return recognise(qc)   # the registry maps declarations to formats
 
 
 # Part suffixes that only one quantized layout uses: enough to name the storage
 # when config.json says nothing (ModelOpt may keep its settings in
 # hf_quant_config.json instead).
-_NAME_HINTS = ((".weight_scale_2", "nvfp4-modelopt"), (".weight_global_scale", "nvfp4"))
+_NAME_HINTS = ((".weight_scale_2", ids.NVFP4_MODELOPT), (".weight_global_scale", ids.NVFP4))
 
 
 def names_quant_hint(names) -> str | None:

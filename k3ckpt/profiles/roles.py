@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from ..formats import ids
+
 
 class Role(str, Enum):
     ROUTED_EXPERT = "routed_expert"
@@ -52,14 +54,14 @@ class TensorRole:
 # Storage ids.  Quantized ones are the on-disk format strings users see; plain
 # float tensors are named by their dtype; anything else is 'raw'.
 QUANTIZED_STORAGE = frozenset({
-    "mxfp4-pack-quantized",  # compressed-tensors MXFP4 (Kimi K3): weight_packed U8 + weight_scale U8
-    "gpt-oss-mxfp4",         # gpt-oss fused *_blocks U8 [E, N, K/32, 16] + *_scales U8
-    "fp8-block",             # DeepSeek-V3 / Kimi K2: F8_E4M3 weight + F32 weight_scale_inv per 128x128
-    "int4-pack-quantized",   # compressed-tensors pack-quantized (K2-Thinking): I32 packed + BF16 scale + shape
-    "nvfp4",                 # NVFP4, compressed-tensors: U8 weight_packed + F8_E4M3 scale per 16 + global scale
-    "nvfp4-modelopt",        # NVFP4, ModelOpt: U8 weight + F8_E4M3 weight_scale + F32 weight_scale_2
+    ids.MXFP4_PACK,     # compressed-tensors MXFP4 (Kimi K3): weight_packed U8 + weight_scale U8
+    ids.GPT_OSS_MXFP4,  # gpt-oss fused *_blocks U8 [E, N, K/32, 16] + *_scales U8
+    ids.FP8_BLOCK,      # DeepSeek-V3 / Kimi K2: F8_E4M3 weight + F32 weight_scale_inv per 128x128
+    ids.INT4_PACK,      # compressed-tensors pack-quantized (K2-Thinking): I32 packed + BF16 scale + shape
+    ids.NVFP4,          # NVFP4, compressed-tensors: U8 weight_packed + F8_E4M3 scale per 16 + global scale
+    ids.NVFP4_MODELOPT,  # NVFP4, ModelOpt: U8 weight + F8_E4M3 weight_scale + F32 weight_scale_2
 })
-PLAIN_STORAGE: dict[str, str] = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8-e4m3"}
+PLAIN_STORAGE: dict[str, str] = {"BF16": ids.BF16, "F16": ids.F16, "F32": ids.F32, "F8_E4M3": ids.FP8_E4M3}
 STORAGE_IDS = QUANTIZED_STORAGE | frozenset(PLAIN_STORAGE.values()) | {"raw"}
 
 # Suffix of the last dotted name component -> (part, characters to cut from the
@@ -113,33 +115,33 @@ def storage_of(part: str, dtype: str, hint: str | None) -> str:
     plain = PLAIN_STORAGE.get(dtype, "raw")
     if part == "packed":
         if dtype == "U8":
-            return "nvfp4" if hint == "nvfp4" else "mxfp4-pack-quantized"
+            return ids.NVFP4 if hint == ids.NVFP4 else ids.MXFP4_PACK
         if dtype == "I32":
-            return "int4-pack-quantized"
+            return ids.INT4_PACK
         return "raw"
     if part == "scale":
         if dtype == "U8":  # E8M0 bytes stored as U8 (compressed-tensors scale_dtype torch.uint8)
-            return "mxfp4-pack-quantized"
+            return ids.MXFP4_PACK
         if dtype == "F8_E4M3":
-            return "nvfp4-modelopt" if hint == "nvfp4-modelopt" else "nvfp4"
-        if dtype in ("BF16", "F16", "F32") and hint in ("int4-pack-quantized", "fp8-e4m3"):
+            return ids.NVFP4_MODELOPT if hint == ids.NVFP4_MODELOPT else ids.NVFP4
+        if dtype in ("BF16", "F16", "F32") and hint in (ids.INT4_PACK, ids.FP8_E4M3):
             return hint
         return "raw"
     if part == "shape":
-        return "int4-pack-quantized"
+        return ids.INT4_PACK
     if part == "global_scale":
-        return "nvfp4"
+        return ids.NVFP4
     if part == "scale_2":
-        return "nvfp4-modelopt"
+        return ids.NVFP4_MODELOPT
     if part == "scale_inv":
-        return "fp8-block" if dtype == "F32" else "raw"
+        return ids.FP8_BLOCK if dtype == "F32" else "raw"
     if part in ("blocks", "scales"):
-        return "gpt-oss-mxfp4" if dtype == "U8" else "raw"
+        return ids.GPT_OSS_MXFP4 if dtype == "U8" else "raw"
     if part == "zero_point":
         return hint if hint in QUANTIZED_STORAGE else "raw"
     if part == "weight":
-        if dtype == "F8_E4M3" and hint == "fp8-block":
-            return "fp8-block"
-        if dtype == "U8" and hint in ("nvfp4", "nvfp4-modelopt"):  # ModelOpt stores NVFP4 codes as a plain 'weight'
-            return "nvfp4-modelopt"
+        if dtype == "F8_E4M3" and hint == ids.FP8_BLOCK:
+            return ids.FP8_BLOCK
+        if dtype == "U8" and hint in (ids.NVFP4, ids.NVFP4_MODELOPT):  # ModelOpt stores NVFP4 codes as a plain 'weight'
+            return ids.NVFP4_MODELOPT
     return plain

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import os
 
+from ..formats import ids
+
 # Format or method -> the kernels its weights run, as "module.kernel" or "module:factory.kernel"
 # (a kernel a cached factory returns).  Every weight but moet-w2's one-pass kernel also runs the
 # error metric, the code histogram and the MXFP4 decode of its source.
@@ -20,13 +22,13 @@ _COMMON = ("k3ckpt.requant.metrics:_kernels.1", "k3ckpt.requant.tensor_stats._by
 _KERNELS = {
     "refit": ("k3ckpt.requant.moet_fused:_kernel",),
     "keep-scales": ("k3ckpt.requant.moet_fused:_kernel",),
-    "k3ckpt-mx2": ("k3ckpt.requant.mx2._search_kernel", "k3ckpt.requant.mx2._encode_kernel") + _COMMON,
-    "gguf-iq2_xs": ("k3ckpt.requant.iq2xs._encode_kernel", "k3ckpt.formats.iq2xs:_kernels.decode") + _COMMON,
-    "mxfp4-pack-quantized": ("k3ckpt.formats.mxfp4:_kernels.encode",) + _COMMON,
+    ids.MX2: ("k3ckpt.requant.mx2._search_kernel", "k3ckpt.requant.mx2._encode_kernel") + _COMMON,
+    ids.GGUF_IQ2_XS: ("k3ckpt.requant.iq2xs._encode_kernel", "k3ckpt.formats.iq2xs:_kernels.decode") + _COMMON,
+    ids.MXFP4_PACK: ("k3ckpt.formats.mxfp4:_kernels.encode",) + _COMMON,
 }
 # Seconds to compile them on one core (measured on the fixtures, first run against second).
-COMPILE_SECONDS = {"refit": 10.0, "keep-scales": 10.0, "k3ckpt-mx2": 10.0, "gguf-iq2_xs": 33.0,
-                   "mxfp4-pack-quantized": 5.0}
+COMPILE_SECONDS = {"refit": 10.0, "keep-scales": 10.0, ids.MX2: 10.0, ids.GGUF_IQ2_XS: 33.0,
+                   ids.MXFP4_PACK: 5.0}
 
 
 def _dispatcher(where: str):

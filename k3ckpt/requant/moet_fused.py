@@ -39,12 +39,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats import get_format, ids
 from ..formats.e2m1 import E8M0_F32, NIBBLE_HI_F32, NIBBLE_LO_F32
 from ..formats.moet_w2 import LEVELS
 from . import metrics
 from .moet import _MAG_UNITS, _REFIT_TABLES, KEEP_LUT, NIBBLE_TO_CODE, UNIT_EXP, check_mxfp4, level_codes
 
-METHODS = ("refit", "keep-scales")
 _FAST_MAX_SCALE = 252   # above this a value can overflow float32 (6 * 2^(253 - 127) > float32 max)
 
 
@@ -361,10 +361,7 @@ def requant_moet(packed, scale, method: str = "refit", *, name: str | None = Non
     Positions whose decoded value is NaN or inf (E8M0 0xFF, or overflow at bytes
     >= 253) are handled as ``metrics.error_stats`` does under ``nonfinite``;
     ``requant_weight`` refuses NaN scales before this."""
-    if method not in METHODS:
-        from ..errors import UsageError
-
-        raise UsageError(f"moet-w2 method must be one of {list(METHODS)}, found {method!r}", tensor=name)
+    method = get_format(ids.MOET_W2).check_method(method, name=name)   # the registry lists the methods
     shape = np.shape(packed)
     p, s = check_mxfp4(packed, scale, name=name)
     t = _REFIT_TABLES
@@ -387,15 +384,14 @@ def requant_moet(packed, scale, method: str = "refit", *, name: str | None = Non
 def requant_moet_reference(packed, scale, method: str = "refit", *, name: str | None = None,
                            nonfinite: str = "raise") -> MoetPass:
     """Numpy twin of ``requant_moet``: encode, decode both sides, then the metric's reference."""
-    from ..formats import get_format
     from . import tensor_stats
     from .moet import encode_keep_scales_reference, encode_refit_reference
 
     enc = {"refit": encode_refit_reference, "keep-scales": encode_keep_scales_reference}[method]
     codes, new_scale = enc(packed, scale, name=name)
-    src = get_format("mxfp4-pack-quantized").reference_decode({"packed": np.asarray(packed),
-                                                               "scale": np.asarray(scale)}, name=name)
-    out = get_format("moet-w2").reference_decode({"packed": codes, "scale": new_scale})
+    src = get_format(ids.MXFP4_PACK).reference_decode({"packed": np.asarray(packed),
+                                                       "scale": np.asarray(scale)}, name=name)
+    out = get_format(ids.MOET_W2).reference_decode({"packed": codes, "scale": new_scale})
     stats, top = metrics.error_stats_rows_reference(src, out.reshape(src.shape), nonfinite=nonfinite)
     return MoetPass(codes, new_scale, stats, top, tensor_stats.zero_codes(packed, reference=True),
                     tensor_stats.code_histogram(codes, reference=True),

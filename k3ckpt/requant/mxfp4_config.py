@@ -9,6 +9,7 @@ import re
 from typing import Iterable
 
 from ..checkpoint.qconfig import FORMAT_VERSION, source_quantization_config, targets_for
+from ..formats import ids
 
 _LAYER_INDEX = re.compile(r"(?<=\.layers\.)\d+(?=\.)")
 # compressed-tensors' MXFP4 weight scheme, as Kimi K3's config.json states it
@@ -29,7 +30,7 @@ def _still_quantized(ckpt, names: Iterable[str]) -> list[str]:
     out = set()
     for n in names:
         tr = profile.classify(n, ckpt.entry(n).dtype)
-        if tr.quantized and tr.storage not in ("mxfp4-pack-quantized", "gpt-oss-mxfp4"):
+        if tr.quantized and tr.storage not in ids.MXFP4_LAYOUTS:
             out.add(tr.storage)
     return sorted(out)
 

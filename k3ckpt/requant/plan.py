@@ -32,15 +32,16 @@ from dataclasses import dataclass
 from typing import Collection, Iterable
 
 from ..errors import InvalidFileError, ShapeError, UsageError
+from ..formats import ids
 from ..io.writer import TensorSpec
 from ..checkpoint.qconfig import logical_weight_name
 from .sources import MXFP4_SOURCES, SourceSlice, SourceWeight, find_weights
 
 SOURCE_FORMATS = MXFP4_SOURCES   # sources the 2.25 formats encode from directly (their codes)
 KEEP = "keep"
-DEFAULT_FORMAT = "moet-w2"
-MXFP4 = "mxfp4-pack-quantized"
-GPT_OSS_MXFP4 = "gpt-oss-mxfp4"   # what --format mxfp4 --layout gpt-oss writes
+DEFAULT_FORMAT = ids.MOET_W2
+MXFP4 = ids.MXFP4_PACK
+GPT_OSS_MXFP4 = ids.GPT_OSS_MXFP4   # what --format mxfp4 --layout gpt-oss writes
 FORMAT_ALIASES = {"mxfp4": MXFP4}
 LAYOUTS = ("compressed-tensors", "gpt-oss")
 # Projection words users may pass to --experts (profile's PROJECTIONS keys plus values).
@@ -51,7 +52,7 @@ _PROJECTION_WORDS = {"w1": "gate", "w3": "up", "w2": "down", "gate": "gate", "up
 # for --dry-run's time estimate, from docs/BENCHMARKS.md (bench_requant, K3 expert shapes):
 # moet-w2 refit+report one pass 847-997 Mw/s (keep-scales runs the same one-pass kernel),
 # MX2 110-244, IQ2_XS 9.0-11.6; the low ends, since the job adds a decode and the metric.
-_RATE = {"keep-scales": 800e6, "refit": 800e6, "k3ckpt-mx2": 100e6, "gguf-iq2_xs": 9e6,
+_RATE = {"keep-scales": 800e6, "refit": 800e6, ids.MX2: 100e6, ids.GGUF_IQ2_XS: 9e6,
          MXFP4: 40e6, GPT_OSS_MXFP4: 40e6}   # MXFP4 from floats: encode, decode, metric
 _RATE_OTHER = 3e6
 _IO_RATE = 500e6   # bytes/s read + written, a conservative local-disk figure
@@ -239,7 +240,7 @@ class RequantPlan:
 
 def _check_mxfp4(ckpt, f: SourceWeight) -> tuple[int, ...]:
     """An MXFP4 weight's logical shape ([N, K], or [E, N, K] fused), after checking its two parts agree."""
-    fused = f.format == "gpt-oss-mxfp4"
+    fused = f.format == ids.GPT_OSS_MXFP4
     p = ckpt.entry(f.part("blocks" if fused else "packed"))
     s = ckpt.entry(f.part("scales" if fused else "scale"))
     if fused:
@@ -280,7 +281,7 @@ def _choose(name: str, default: FormatChoice, overrides, selected: bool) -> Form
 
 
 def _source_layout(fid: str) -> str:
-    return "gpt-oss" if fid == "gpt-oss-mxfp4" else "compressed-tensors"
+    return "gpt-oss" if fid == ids.GPT_OSS_MXFP4 else "compressed-tensors"
 
 
 _EXPERT_NAME = re.compile(r"^(?P<stem>.*\.experts)\.(?P<e>\d+)\.")

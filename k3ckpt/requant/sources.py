@@ -35,11 +35,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import InvalidFileError, ShapeError, UnsupportedError
+from ..formats import ids
 
-MXFP4_SOURCES = ("mxfp4-pack-quantized", "gpt-oss-mxfp4")
-FLOAT_SOURCES = ("fp8-block", "int4-pack-quantized", "nvfp4", "nvfp4-modelopt", "bf16", "f16", "f32")
+MXFP4_SOURCES = ids.MXFP4_LAYOUTS
+FLOAT_SOURCES = (ids.FP8_BLOCK, ids.INT4_PACK, ids.NVFP4, ids.NVFP4_MODELOPT, ids.BF16, ids.F16, ids.F32)
 ACCEPTED = MXFP4_SOURCES + FLOAT_SOURCES
-_PLAIN = ("bf16", "f16", "f32")
+_PLAIN = (ids.BF16, ids.F16, ids.F32)
 _CHUNK_BYTES = 16 << 20   # decoded float32 bytes per row chunk
 _FP8_TILE = 128
 
@@ -86,7 +87,7 @@ class SourceWeight:
     @property
     def fused(self) -> bool:
         """One tensor holds every expert (gpt-oss)."""
-        return len(self.shape) == 3 or self.format == "gpt-oss-mxfp4"
+        return len(self.shape) == 3 or self.format == ids.GPT_OSS_MXFP4
 
     @property
     def mxfp4(self) -> bool:
@@ -109,19 +110,19 @@ def _format_of(parts: Mapping[str, tuple[str, str, str]]) -> str | None:
     """The registry id of a group of parts ({profile part: (tensor, dtype, storage)}), None if
     it is not a weight we convert (a bias, an unknown raw tensor, plain FP8 without scales)."""
     storages = {st for _, _, st in parts.values()}
-    for fid in ("gpt-oss-mxfp4", "mxfp4-pack-quantized"):
+    for fid in (ids.GPT_OSS_MXFP4, ids.MXFP4_PACK):
         if fid in storages:
             return fid
-    if "fp8-block" in storages or "scale_inv" in parts:
-        return "fp8-block"
-    if "int4-pack-quantized" in storages:
-        return "int4-pack-quantized"
+    if ids.FP8_BLOCK in storages or "scale_inv" in parts:
+        return ids.FP8_BLOCK
+    if ids.INT4_PACK in storages:
+        return ids.INT4_PACK
     weight = parts.get("weight")
-    if "nvfp4-modelopt" in storages or "scale_2" in parts or (
-            "nvfp4" in storages and weight is not None and weight[1] == "U8"):
-        return "nvfp4-modelopt"   # ModelOpt stores the codes as a plain ``weight`` U8
-    if "nvfp4" in storages:
-        return "nvfp4"
+    if ids.NVFP4_MODELOPT in storages or "scale_2" in parts or (
+            ids.NVFP4 in storages and weight is not None and weight[1] == "U8"):
+        return ids.NVFP4_MODELOPT   # ModelOpt stores the codes as a plain ``weight`` U8
+    if ids.NVFP4 in storages:
+        return ids.NVFP4
     if set(parts) == {"weight"} and weight[2] in _PLAIN:
         return weight[2]
     return None
@@ -147,7 +148,7 @@ def _roles(fmt, weight: str, tensors: Sequence[str]) -> dict[str, str]:
 
 def _stored_shape(ckpt, fmt, roles: Mapping[str, str], weight: str) -> tuple[int, ...]:
     """Logical shape from the headers, after checking every per-block part against it."""
-    if fmt.id == "fp8-block":
+    if fmt.id == ids.FP8_BLOCK:
         logical = tuple(ckpt.entry(roles["weight"]).shape)
     else:
         first = fmt.info.parts[0]
@@ -251,7 +252,7 @@ def find_weights(ckpt, extra_rx: Sequence[str] = ()) -> list[SourceWeight]:
 
 def _rows_step(s: SourceSlice, k: int) -> int:
     step = max(1, _CHUNK_BYTES // (4 * max(k, 1)))
-    if s.format == "fp8-block":   # scale rows cover 128 weight rows each
+    if s.format == ids.FP8_BLOCK:   # scale rows cover 128 weight rows each
         step = max(_FP8_TILE, step // _FP8_TILE * _FP8_TILE)
     return step
 
@@ -268,7 +269,7 @@ def read_slice(ckpt, s: SourceSlice, r0: int | None = None, r1: int | None = Non
             out[role] = ckpt.read_rows(t, s.expert, s.expert + 1)[0]
         elif role in whole or r0 is None:
             out[role] = ckpt.read_raw(t)
-        elif s.format == "fp8-block" and role == "scale_inv":
+        elif s.format == ids.FP8_BLOCK and role == "scale_inv":
             out[role] = ckpt.read_rows(t, r0 // _FP8_TILE, -(-r1 // _FP8_TILE))
         else:
             out[role] = ckpt.read_rows(t, r0, r1)

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from ..errors import NaNScaleError
+from ..formats import ids
 from .results import TensorResult
 
 _CKPT = None   # this worker process's open source checkpoint (see init_worker)
@@ -48,7 +49,7 @@ def _encode(fmt, method: str | None, packed, scale, name: str):
     from ..formats import get_format
 
     # Formats that encode from floats: the decoded MXFP4 values are their input.
-    src = get_format("mxfp4-pack-quantized").decode({"packed": packed, "scale": scale}, name=name)
+    src = get_format(ids.MXFP4_PACK).decode({"packed": packed, "scale": scale}, name=name)
     return fmt.encode(src, name=name)
 
 
@@ -83,20 +84,19 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
                             "2-bit encoding", tensor=name)
     ident = dict(name=name, layer=layer, expert=expert, projection=projection, format=format, method=method,
                  params=2 * p.size)
-    if format == "moet-w2":
+    fmt = get_format(format)
+    one_pass = fmt.one_pass_requant()
+    if one_pass is not None:
         # One pass: the same parts and numbers as the general path below, bit for bit (moet_fused).
-        from .moet_fused import requant_moet
-
-        m = requant_moet(p, s, method or "refit", name=name)
+        m = one_pass(p, s, fmt.check_method(method, name=name), name=name)
         parts = {"packed": m.codes, "scale": m.scale}
         return parts, TensorResult(
             **ident, bytes=m.codes.nbytes + m.scale.nbytes, stats=m.stats,
             max_row_bias=_relative(m.max_row_bias, m.stats),
             source_zero_fraction=m.source_zeros / (2 * p.size) if p.size else 0.0,
             code_histogram=m.code_histogram, scale_changes=m.scale_changes if method == "refit" else None)
-    fmt = get_format(format)
     parts = _encode(fmt, method, p, s, name)
-    src = get_format("mxfp4-pack-quantized").decode({"packed": p, "scale": s}, name=name)
+    src = get_format(ids.MXFP4_PACK).decode({"packed": p, "scale": s}, name=name)
     out = fmt.decode(parts, name=name)
     stats, max_row_bias = _error(src, out)
     zeros = tensor_stats.zero_codes(p)

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError, UsageError
+from ..formats import ids
 from ..io.reader import Checkpoint
 from ..profiles import detect
 from ..profiles.roles import Role
 
 __all__ = ["SourceModel", "read_source"]
 
-MXFP4_PAIR = "mxfp4-pack-quantized"
+MXFP4_PAIR = ids.MXFP4_PACK
 _FIRST_RANK_ROLES = (Role.EMBEDDING, Role.VISION)
 
 

@@ -1,11 +1,24 @@
-"""The one fixed-width text table, for the CLI and for library reports (``scan``,
-``requant.report_render``); below the CLI so library code never imports it."""
+"""How numbers and tables read, for the CLI and for library reports (``scan``,
+``requant.report_render``): the one fixed-width text table, sizes, counts, durations and dB.
+Below the CLI so library code never imports it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Sequence
 
-__all__ = ["table"]
+from .units import human_bytes, human_count, human_duration
+
+__all__ = ["table", "fmt_db", "human_bytes", "human_count", "human_duration"]
+
+
+def fmt_db(v: float) -> str:
+    """A dB figure with two decimals; NaN and the infinities spelled out."""
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.2f}"
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], align: str | None = None) -> str:

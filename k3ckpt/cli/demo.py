@@ -70,11 +70,8 @@ def command(workdir):
                f"unchanged -> {out}")
     rq = root / "k3-tiny-moet-w2"
     click.echo(f"\n== 4. k3ckpt requant {src} {rq} --format moet-w2")
-    from ..requant.report import load_report
-    from ..requant.report_render import render_text
-
     res = api.requant(src, rq, format="moet-w2", workers=1, progress=False)
-    click.echo(render_text(load_report(res.report)))
+    click.echo(api.report(res.report).text())
     click.echo(f"picture: {Path(res.report) / 'requant_report.svg'}")
     click.echo(f"\n== 5. k3ckpt plan {src} --devices 2xH100 --format moet-w2")
     from .plan import render_plan

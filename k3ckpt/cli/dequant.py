@@ -7,7 +7,6 @@ import sys
 import click
 
 from .. import api
-from ..gguf.dequant import GGUFDequantResult
 from .render import echo_json, human_bytes
 from .source import hub_option, source_argument
 
@@ -53,12 +52,9 @@ def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
       k3ckpt dequant Kimi-K3-IQ2_XS-00001-of-00020.gguf K3-from-gguf --dtype f32
       k3ckpt dequant kimi-k2 kimi-k2-f32 --dtype f32 --tensors 'layers\\.1\\.' --max-shard-size 10GB
     """
-    from ..units import parse_size
-
-    size = parse_size(max_shard, "--max-shard-size")
-    result = api.dequant(src, dst, dtype=dtype, tensors=pattern, max_shard_size=size, dry_run=dry_run,
+    result = api.dequant(src, dst, dtype=dtype, tensors=pattern, max_shard_size=max_shard, dry_run=dry_run,
                          progress=not quiet and not dry_run and sys.stderr.isatty())
-    if isinstance(result, GGUFDequantResult):
+    if isinstance(result, api.GGUFDequantResult):
         _render_gguf(result, dtype, as_json)
     elif as_json:
         echo_json(result.to_dict())
@@ -72,7 +68,7 @@ def command(src, dst, dtype, pattern, max_shard, dry_run, as_json, quiet):
         click.echo(f"wrote {result.dst}: {len(result.decoded)} weight(s) decoded to {dtype}, "
                    f"{result.copied} tensor(s) copied, {_count_shards(result)} shard(s), "
                    f"{human_bytes(result.bytes_written)}")
-    if isinstance(result, GGUFDequantResult):
+    if isinstance(result, api.GGUFDequantResult):
         return
     if not as_json:
         if result.dropped:

@@ -7,13 +7,6 @@ import click
 from .. import api
 
 
-def _names():
-    from ..fixtures import FIXTURES
-    from ..fixtures.sources import SOURCE_FIXTURES
-
-    return sorted(FIXTURES) + sorted(SOURCE_FIXTURES) + ["k3-virtual"]
-
-
 @click.command("fixture")
 @click.argument("name", required=False)
 @click.argument("dst", required=False)
@@ -45,7 +38,6 @@ def command(name, dst, layers, experts, experts_old, seed, profile, overwrite, l
       k3ckpt fixture k3-virtual out/k3v              # 1.56 TB of headers over holes
     """
     from ..errors import UsageError
-    from ..fixtures import FIXTURES
 
     if experts_old is not None:
         if experts is not None:
@@ -57,23 +49,23 @@ def command(name, dst, layers, experts, experts_old, seed, profile, overwrite, l
             raise UsageError(f"give the fixture once: --profile {profile} or NAME, not both ({name!r})")
         name, dst = profile, name
 
+    known = api.fixtures()
     if list_only or name is None:
-        from ..fixtures.sources import SOURCE_FIXTURES
-
-        for key, spec in sorted({**FIXTURES, **SOURCE_FIXTURES}.items()):
-            click.echo(f"{key:22s} {spec.description}")
-        click.echo(f"{'k3-virtual':14s} full-size Kimi K3 headers (96 shards, 497,220 tensors), sparse data")
+        for key, description in sorted(known.items()):
+            if key != api.VIRTUAL_K3:
+                click.echo(f"{key:22s} {description}")
+        click.echo(f"{api.VIRTUAL_K3:14s} {known[api.VIRTUAL_K3]}")
         return
     if dst is None:
         raise UsageError("give a destination folder: k3ckpt fixture NAME DST")
-    if name not in _names():
-        raise UsageError(f"unknown fixture {name!r}; choose from {', '.join(_names())}")
+    if name not in known:
+        raise UsageError(f"unknown fixture {name!r}; choose from {', '.join(known)}")
     options = {"seed": seed, "overwrite": overwrite}
     if layers is not None:
         options["layers"] = layers
     if experts is not None:
         options["experts"] = experts
-    if name == "k3-virtual":
+    if name == api.VIRTUAL_K3:
         if layers is not None or experts is not None:
             raise UsageError("k3-virtual is the real geometry; --layers/--num-experts do not apply")
         options = {"overwrite": overwrite}

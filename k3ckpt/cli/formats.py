@@ -20,24 +20,19 @@ def command(as_json):
 
     --format also takes any id in any case and llama.cpp's type names
     (IQ2_XS = gguf-iq2_xs); decode-only formats are read, never written."""
-    from ..formats import get_format, is_target, list_formats
+    from .. import api
 
-    infos = list_formats()
+    entries = api.formats()
     if as_json:
-        echo_json([{**i.to_dict(), "from_mxfp4": _from_mxfp4(i.id), "requant_target": is_target(get_format(i.id))}
-                   for i in infos])
+        echo_json([e.to_dict() for e in entries])
         return
     rows = []
-    for i in infos:
+    for e in entries:
+        i = e.info
         bpw = f"{i.bits_per_weight:g}" + (f" +{i.tensor_bytes}B" if i.tensor_bytes else "")
-        encode = "yes" if i.can_encode else ("from mxfp4" if _from_mxfp4(i.id) else "no")
-        target = "yes" if is_target(get_format(i.id)) else "no (decode-only)"
+        encode = "yes" if i.can_encode else ("from mxfp4" if e.from_mxfp4 else "no")
+        target = "yes" if e.requant_target else "no (decode-only)"
         rows.append((i.id, bpw, i.block, i.fields_text, encode, "yes" if i.can_decode else "no", target, i.spec))
     click.echo(table(rows, ["id", "bits/weight", "block", "bytes/block", "encode", "decode", "target", "spec"],
                      align="lrrlllll"))
 
-
-def _from_mxfp4(fid: str) -> bool:
-    from ..formats import get_format
-
-    return get_format(fid).info.mxfp4_codes

@@ -7,7 +7,7 @@ import sys
 import click
 
 from .. import api
-from .render import echo_json, human_bytes
+from .render import echo_json, fmt_db, human_bytes, human_duration
 from .source import hub_option, source_argument
 
 
@@ -73,17 +73,12 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
       k3ckpt gguf hf://moonshotai/Kimi-K3 Kimi-K3-IQ2_XS.gguf --max-disk 1.2TB
       llama-server -m Kimi-K3-IQ2_XS-00001-of-00020.gguf
     """
-    from ..hub.options import hub_run_options
-    from ..units import human_duration, parse_size
-
-    stage = hub_run_options(src, max_disk=max_disk, staging=staging, keep_source=keep_source, push_to=None,
-                            private=False, revision=None, dry_run=dry_run) or {}
-    size = None if split_max_size.strip().lower() == "none" else parse_size(split_max_size, "--split-max-size")
+    size = None if split_max_size.strip().lower() == "none" else split_max_size
     result = api.gguf(src, out, expert_type=expert_type, outtype=outtype, split_max_size=size,
                       tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
                       chat_template=chat_template, workers=workers,
-                      resume=resume, dry_run=dry_run, report=report,
-                      progress=not quiet and not dry_run and sys.stderr.isatty(), **stage)
+                      resume=resume, dry_run=dry_run, report=report, max_disk=max_disk, staging=staging,
+                      keep_source=keep_source, progress=not quiet and not dry_run and sys.stderr.isatty())
     if as_json:
         echo_json(result.to_dict())
         return
@@ -111,8 +106,6 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
         done = f", {len(result.resumed)} kept from an earlier run" if result.resumed else ""
         click.echo(f"{result.seconds:.1f} s with {result.workers} worker(s){done}; manifest: {result.manifest}")
         if result.report is not None:
-            from ..requant.report_render import fmt_db
-
             click.echo(f"routed experts: SNR {fmt_db(result.snr_db)} dB against the source; "
                        f"report: {result.report}/requant_report.md")
     if result.budget is not None:

@@ -8,7 +8,6 @@ import click
 
 from .. import api
 from ..errors import InvalidFileError
-from ..gguf.inspect import GGUFInspectReport
 from .render import echo_json, human_bytes, human_count, table
 from .source import hub_option, source_argument
 
@@ -149,7 +148,7 @@ def command(src, as_json, list_tensors, old_list_tensors, scan, strict, quiet):
     report = api.inspect(src, scan=scan, tensors=list_tensors, progress=progress)
     if as_json:
         echo_json(report.to_json())
-    elif isinstance(report, GGUFInspectReport):
+    elif isinstance(report, api.GGUFInspectReport):
         rows = None if report.tensors is None else [
             (t.name, t.ggml_type, "x".join(map(str, t.shape)), t.role, f"{t.params:,}", f"{t.bytes:,}", t.file)
             for t in report.tensors]

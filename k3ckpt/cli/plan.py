@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from .. import api
 from .render import human_bytes, table
 from .source import hub_option, source_argument
 
@@ -53,9 +54,7 @@ def _layer_ranges(ids, bounds) -> str:
 
 def _headline(best, dense_stream_s) -> str:
     """The binding ceiling first, then the limit that binds and the others."""
-    from ..placement.planner import binding_ceiling
-
-    tps, binding = binding_ceiling(best, dense_stream_s)
+    tps, binding = api.plan_ceiling(best, dense_stream_s)
     experts = f"NVMe {_tps(best.tokens_per_s_nvme)}, PCIe {_tps(best.tokens_per_s_pcie)}"
     if binding == "dense-stream":
         return (f"ceiling {_tps(tps)} at batch 1, bound by streaming the dense weights from host DRAM "
@@ -70,10 +69,8 @@ def _stages(counts) -> str:
     """How the pipeline ranks meet vLLM's stages (``placement.stages``)."""
     if len(counts) < 2:
         return "pipeline ranks"
-    from ..placement.stages import partition_text, pp_counts
-
-    text = partition_text(counts)
-    if list(counts) == pp_counts(sum(counts), len(counts)):
+    text, default = api.plan_stages(counts)
+    if default:
         return f"pipeline ranks = vLLM's default stages of {text} decoder layers"
     return f"pipeline ranks of {text} decoder layers: run vLLM with VLLM_PP_LAYER_PARTITION={text}"
 
@@ -139,9 +136,7 @@ def render_plan(p) -> str:
     else:
         c, r = p.cache, p.cache_report
         active = m.top_k * (c.layer_bounds[1:] - c.layer_bounds[:-1])
-        from ..placement.spec import placement_slot_limit
-
-        fits = placement_slot_limit(m, d) * d.num_gpus >= m.experts
+        fits = api.plan_fits_placement(p)
         why = ("cache (forced by --mode cache; the experts would fit in HBM as a placement)" if fits else
                "cache: the experts do not fit in HBM")
         lines += [
@@ -202,21 +197,6 @@ def write_plan(p, path: str | os.PathLike) -> Path:
     return path
 
 
-def build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act):
-    """``(DeviceSet, notes)``: a device file as it is, or ``--devices`` with the preset's
-    host DRAM and the default HBM reserve where not given (notes say so)."""
-    from ..errors import UsageError
-    from ..placement.devices import load_device_set, preset_devices
-
-    if (devices is None) == (device_file is None):
-        raise UsageError("give --devices SPEC (e.g. 64xGB200) or --device-file FILE, one of the two")
-    if device_file is not None:
-        if any(x is not None for x in (nvme, host_dram, reserve_kv, reserve_act)):
-            raise UsageError("--nvme, --host-dram and --reserve-* go with --devices; put them in the device file")
-        return load_device_set(device_file), ()
-    return preset_devices(devices, nvme=nvme, host_dram=host_dram, reserved_kv=reserve_kv, reserved_act=reserve_act)
-
-
 def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads,
                       trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, requant_report=None,
                       pp_partition=None, **_ignored):
@@ -224,13 +204,11 @@ def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv,
     ``MoEGeometry``: the docs examples are checked this way without a checkpoint)."""
     import dataclasses
 
-    from .. import api
-    from ..placement.stages import parse_partition
-
-    ds, dev_notes = build_devices(devices, device_file, nvme, host_dram, reserve_kv, reserve_act)
+    ds, dev_notes = api.device_set(devices, device_file, nvme=nvme, host_dram=host_dram, reserve_kv=reserve_kv,
+                                   reserve_act=reserve_act)
     p = api.plan(src, ds, format=format_id, requant_report=requant_report, loads=loads, trace=trace,
                  heldout=heldout, redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
-                 model_id=model_id, seed=seed, pp_partition=parse_partition(pp_partition))
+                 model_id=model_id, seed=seed, pp_partition=pp_partition)
     return dataclasses.replace(p, notes=tuple(p.notes) + tuple(dev_notes)) if dev_notes else p
 
 

@@ -1,4 +1,4 @@
-"""Rendering helpers shared by the commands: the table (``k3ckpt.render``), sizes, JSON."""
+"""Rendering helpers shared by the commands: the table, sizes and dB (``k3ckpt.render``), JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from ..render import table  # noqa: F401  (re-exported for the commands)
-from ..units import human_bytes, human_count  # noqa: F401  (re-exported for the commands)
+from ..render import fmt_db, human_bytes, human_count, human_duration, table
+
+__all__ = ["echo_json", "fmt_db", "human_bytes", "human_count", "human_duration", "table"]
 
 
 def echo_json(obj: Any) -> None:

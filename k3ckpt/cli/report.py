@@ -23,16 +23,13 @@ def command(path, as_json, worst_n):
       k3ckpt report k3-w2
       k3ckpt report k3-w2/requant_report.json --worst 25 --json
     """
-    from ..requant.report import json_chunks, load_report, render_text, resolve_report_path, with_worst
+    from .. import api
 
-    report = load_report(path)
-    if worst_n is not None and worst_n != report.worst_n:
-        report = with_worst(report, worst_n)
+    view = api.report(path, worst=worst_n)
     if as_json:
-        for chunk in json_chunks(report.to_json(lazy=True)):
+        for chunk in view.json_chunks():
             click.echo(chunk, nl=False)
         return
-    click.echo(render_text(report))
-    svg = resolve_report_path(path).with_name("requant_report.svg")
-    if svg.is_file():
-        click.echo(f"\npicture       {svg}")
+    click.echo(view.text())
+    if view.picture is not None:
+        click.echo(f"\npicture       {view.picture}")

@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import click
 
-from ..units import human_duration
-from .render import echo_json, human_bytes, human_count, table
+from .. import api
+from .render import echo_json, fmt_db, human_bytes, human_count, human_duration, table
 from .source import hub_option, source_argument
 
 
@@ -80,8 +80,6 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
       k3ckpt requant /models/Kimi-K3 k3-w2 --dry-run
       k3ckpt requant hf://moonshotai/Kimi-K3@main k3-w2 --target-bpw 2.5 --max-disk 1TB
     """
-    from .. import api
-
     spec = api.format_spec(fmt)
     result = api.requant(src, dst, format=spec, experts=experts, tensor_type=list(tensor_type), workers=workers,
                          report=report_path, target_bpw=target_bpw, layout=layout, max_shard_size=max_shard_size,
@@ -143,16 +141,9 @@ def _print_plan(result) -> None:
 
 
 def _print_summary(result, spec: str) -> None:
-    from ..requant.metrics import pooled_snr_db
-    from ..requant.report_render import fmt_db
-
     res = result.results
     plan = result.plan
-    by = defaultdict(list)
-    for r in res:
-        by[(r.format + (f":{r.method}" if r.method else ""), r.projection or "-")].append(r)
-    rows = [(f, p, human_count(sum(r.params for r in rs)), fmt_db(pooled_snr_db(r.stats for r in rs)))
-            for (f, p), rs in sorted(by.items())]
+    rows = [(f, p, human_count(params), fmt_db(snr)) for f, p, params, snr in api.snr_by_group(res)]
     if rows:
         click.echo(table(rows, ["format", "projection", "params", "SNR dB"], align="llrr"))
     worst = min(res, key=lambda r: r.stats.snr_db, default=None)
@@ -175,8 +166,5 @@ def _print_summary(result, spec: str) -> None:
 
 def _reference(result, spec: str) -> str:
     """The format's reference figures beside the overall SNR (as the report gives them)."""
-    from ..requant.report_render import reference_for
-
-    kept = sum(1 for r in result.results if r.method is None and r.format != spec.partition(":")[0])
-    ref = reference_for(spec, result.snr_db, kept=kept)
+    ref = api.snr_reference(result, spec)
     return f": {ref}" if ref else ""

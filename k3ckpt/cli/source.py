@@ -3,17 +3,9 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
-
 import click
 
-from ..errors import UsageError
-from ..hub.url import SCHEME, is_hub_url, parse_hub_url
-
 _META = "k3ckpt.hub"
-# ORG/NAME[@REVISION][/SUBFOLDER]: what hf:// takes after the scheme (hub/url.py checks the rest)
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[^/\s]+)?(/\S*)?")
 
 
 def _remember_hub(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
@@ -27,19 +19,9 @@ def _remember_revision(ctx: click.Context, _param: click.Parameter, value: str |
 
 
 def _source(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and ctx.meta.get(_META) and not is_hub_url(value):
-        if not _REPO_ID.fullmatch(value):
-            raise UsageError(f"--hub needs SRC as ORG/NAME[@REVISION][/SUBFOLDER], found {value!r}")
-        value = SCHEME + value
-    revision = ctx.meta.get(_META + ".revision")
-    if value is None or revision is None:
-        return value
-    if not is_hub_url(value):
-        raise UsageError(f"--revision {revision} picks a Hub revision; SRC {value!r} is a local path")
-    url = parse_hub_url(value)
-    if url.revision is not None and url.revision != revision:
-        raise UsageError(f"SRC names revision {url.revision!r} and --revision {revision!r}: give one")
-    return str(replace(url, revision=revision))
+    from .. import api   # here, not above: ``--help`` must not import numpy (api reads checkpoints)
+
+    return api.source_url(value, hub=bool(ctx.meta.get(_META)), revision=ctx.meta.get(_META + ".revision"))
 
 
 _hub_flag = click.option(

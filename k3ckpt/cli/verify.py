@@ -40,19 +40,9 @@ def command(dst, src, as_json):
       k3ckpt verify K3-bf16 --json
       k3ckpt verify Kimi-K3-IQ2_XS-00001-of-00020.gguf
     """
-    from ..shard.verify import verify_output
+    from .. import api
 
-    if dst.endswith(".gguf"):       # a k3ckpt gguf output: OUT.gguf or any of its splits
-        from .. import api
-
-        r = api.verify(dst, source=src)
-    elif src is not None:
-        from .. import api
-
-        with api.open_source(src) as ckpt:
-            r = verify_output(dst, source=ckpt)
-    else:
-        r = verify_output(dst)
+    r = api.verify(dst, source=src)   # a .gguf DST: a k3ckpt gguf output, OUT.gguf or any of its splits
     if as_json:
         from dataclasses import asdict
 

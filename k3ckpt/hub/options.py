@@ -1,4 +1,4 @@
-"""Checking the hub options of ``k3ckpt requant`` / ``k3ckpt shard`` (light: no huggingface_hub import)."""
+"""Checking the hub options of ``api.requant`` / ``shard`` / ``gguf`` (light: no huggingface_hub import)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def check_push_repo(repo_id: str) -> str:
     return repo_id
 
 
-def hub_run_options(src: str, *, max_disk: str | None, staging: str | None, keep_source: bool,
+def hub_run_options(src: str, *, max_disk: int | str | None, staging: str | None, keep_source: bool,
                     push_to: str | None, private: bool, revision: str | None,
                     dry_run: bool = False) -> dict[str, Any] | None:
     """The staging options for ``k3ckpt.hub.convert`` when ``src`` is an ``hf://`` URL (None
@@ -34,7 +34,8 @@ def hub_run_options(src: str, *, max_disk: str | None, staging: str | None, keep
     elif private or revision is not None:
         raise UsageError("--private and --push-revision only go with --push-to-hub ORG/NAME")
     hub = is_hub_url(src)
-    given = [o for o, v in (("--max-disk", max_disk), ("--staging", staging), ("--keep-source", keep_source)) if v]
+    given = [o for o, v in (("--max-disk", max_disk), ("--staging", staging), ("--keep-source", keep_source))
+             if v is not None and v is not False]
     if given and not hub:
         raise UsageError(f"{', '.join(given)}: only for an hf:// source (shards are downloaded, converted, "
                          "deleted); SRC is a local path")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
 from ..errors import UsageError
-from .report_render import fmt_db
+from ..render import fmt_db
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Aggregate, RequantReport

@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from ..render import table
+from ..render import fmt_db, table
 from ..units import human_bytes as fmt_bytes
 from ..units import human_count as fmt_count
 
@@ -22,14 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SUMMARY_HEADERS = ("group", "tensors", "params", "bytes", "bits/weight", "SNR dB", "rel RMS",
                    "bias/RMS", "max abs err", "max row bias")
-
-
-def fmt_db(v: float) -> str:
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.2f}"
 
 
 def fmt_g(v: float | None, signed: bool = False) -> str:

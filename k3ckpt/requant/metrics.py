@@ -249,13 +249,13 @@ def _finish(s: np.ndarray, nonfinite: str) -> ErrorStats:
     mean_bias = se / n if n else 0.0
     ref_rms = math.sqrt(sxx / n) if n else 0.0
     err_rms = math.sqrt(see / n) if n else 0.0
+    snr_db = snr_from_sums(sxx, see)
     if see == 0.0:  # exact match (also all-zero and empty inputs)
-        snr_db, rel_mse = math.inf, 0.0
+        rel_mse = 0.0
     elif sxx == 0.0:
-        snr_db, rel_mse = -math.inf, math.inf
+        rel_mse = math.inf
     else:
         rel_mse = see / sxx
-        snr_db = 10.0 * math.log10(sxx / see)
     if mean_bias == 0.0:
         bias_rel = 0.0
     elif ref_rms == 0.0:

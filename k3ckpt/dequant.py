@@ -27,12 +27,13 @@ from typing import Iterator
 import numpy as np
 
 from .errors import InvalidFileError, NaNScaleError, ShapeError, UnsupportedError, UsageError
+from .formats import ids
 from .io.dtypes import lookup, value_dtype
 from .io.reader import Checkpoint
 from .io.writer import TensorSpec
 from .profiles import detect
 
-OUT_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+OUT_DTYPES = {ids.BF16: "BF16", ids.F16: "F16", ids.F32: "F32"}
 _CHUNK_BYTES = 64 << 20   # decoded float32 bytes per chunk
 
 
@@ -126,7 +127,7 @@ def find_quantized(ckpt: Checkpoint) -> tuple[list[DecodedWeight], list[str]]:
         except (InvalidFileError, ShapeError) as exc:  # left as stored, with the reason
             undecodable.extend(f"{n} ({storage}: {exc.detail})" for n in parts.values())
             continue
-        if storage == "gpt-oss-mxfp4":
+        if storage == ids.GPT_OSS_MXFP4:
             outputs = _gptoss_outputs(base, shape[0])
             weight = base
         else:
@@ -204,7 +205,7 @@ def _output_specs(ckpt: Checkpoint, todo: list[DecodedWeight], out_dtype: str) -
     consumed = {n for w in todo for n in (*w.parts.values(), *w.extras)}
     fused_bias = {}
     for w in todo:
-        if w.format == "gpt-oss-mxfp4":
+        if w.format == ids.GPT_OSS_MXFP4:
             bias = w.weight + "_bias"
             if bias in ckpt:
                 fused_bias[bias] = w
@@ -212,7 +213,7 @@ def _output_specs(ckpt: Checkpoint, todo: list[DecodedWeight], out_dtype: str) -
     for name, e in ckpt.tensors.items():
         if name in by_first:
             w = by_first[name]
-            if w.format == "gpt-oss-mxfp4":
+            if w.format == ids.GPT_OSS_MXFP4:
                 experts, rows, k = w.shape
                 per = rows // len(w.outputs) * experts
                 specs.extend(TensorSpec(o, out_dtype, (per, k)) for o in w.outputs)
@@ -386,7 +387,7 @@ class DequantPlan:
         return sum(s.nbytes for s in self.specs)
 
 
-def plan_dequant(ckpt: Checkpoint, *, dtype: str = "bf16", pattern: str | None = None) -> DequantPlan:
+def plan_dequant(ckpt: Checkpoint, *, dtype: str = ids.BF16, pattern: str | None = None) -> DequantPlan:
     """The plan for ``ckpt``: O(N) in the tensor count (K3 has 497,220 tensors, 247,296 weights)."""
     if dtype not in OUT_DTYPES:
         raise UsageError(f"--dtype must be one of {sorted(OUT_DTYPES)}, got {dtype!r}")

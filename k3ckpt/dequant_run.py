@@ -19,12 +19,13 @@ from .dequant import (HF_QUANT_CONFIG, JOB, SHARD_BYTES, DequantPlan, DequantRes
 from .checkpoint.identity import source_identity
 from .checkpoint.side_files import copy_side_files, is_weight_file
 from .errors import InvalidFileError, OutputExistsError, UsageError
+from .formats import ids
 from .io.manifest import MANIFEST_NAME
 from .io.reader import Checkpoint
 from .io.writer import ShardedWriter, atomic_write_json
 
 
-def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = "bf16", pattern: str | None = None,
+def dequant_checkpoint(ckpt: Checkpoint, dst, *, dtype: str = ids.BF16, pattern: str | None = None,
                        progress: bool = False, max_shard_bytes: int = SHARD_BYTES,
                        dry_run: bool = False) -> DequantResult:
     """Write ``dst``: ``ckpt`` with its (selected) quantized weights decoded to ``dtype``.
@@ -125,7 +126,7 @@ def _write(ckpt: Checkpoint, plan: DequantPlan, dst: Path, *, dtype: str, patter
                     y, changed = _convert(x, out_dtype)
                     if changed:
                         inexact[w.weight] = inexact.get(w.weight, 0) + changed
-                    if w.format == "gpt-oss-mxfp4":
+                    if w.format == ids.GPT_OSS_MXFP4:
                         _write_unfused(writer, w, r0, y)
                     else:
                         writer.write_chunk(w.outputs[0], r0 * y[0].nbytes, np.ascontiguousarray(y))

@@ -15,6 +15,7 @@ import numpy as np
 
 from .columns import first_ids
 from .completeness import empty_text, missing_experts_text
+from .formats import ids
 from .io import dtypes
 from .io.header import paused_gc
 from .io.reader import Checkpoint
@@ -40,7 +41,7 @@ def params_of(tr: TensorRole, dtype: str, numel: int) -> int:
     coded = coded_params(tr.storage, tr.part, numel)
     if coded is not None:
         return coded
-    if tr.storage in ("nvfp4", "nvfp4-modelopt") and tr.part == "weight" and dtype == "U8":  # ModelOpt codes under a plain name
+    if tr.storage in (ids.NVFP4, ids.NVFP4_MODELOPT) and tr.part == "weight" and dtype == "U8":  # ModelOpt codes under a plain name
         return numel * 2
     return numel * _PACKING.get((tr.part, dtype), 1)
 

@@ -18,21 +18,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "k3ckpt"
 # the layers formats may import (docs/architecture.md)
 FORMATS_MAY_IMPORT = {"formats", "errors", "io", "_numba", "units"}
 
-# Modules that still type format ids, each with the ids it types; their owners switch them to
-# ``formats.ids`` and remove the entry (the test fails on an entry that is out of date either way).
-NOT_YET_SWITCHED = {
-    "api.py": {ids.BF16, ids.MOET_W2},
-    "dequant.py": {ids.BF16, ids.F16, ids.F32, ids.GPT_OSS_MXFP4},
-    "dequant_run.py": {ids.BF16, ids.GPT_OSS_MXFP4},
-    "fixtures/sources.py": {ids.BF16, ids.FP8_BLOCK, ids.INT4_PACK, ids.NVFP4, ids.NVFP4_MODELOPT},
-    "gguf/convert.py": {ids.BF16, ids.F16, ids.F32},
-    "gguf/dequant.py": {ids.BF16},
-    "gguf/run.py": {ids.GGUF_IQ2_XS},
-    "inspection.py": {ids.NVFP4, ids.NVFP4_MODELOPT},
-    "requant/report_render.py": {ids.MOET_W2, ids.MX2, ids.GGUF_IQ2_XS},
-    "shard/materialize.py": {ids.MOET_W2},
-    "shard/verify_convert.py": {ids.BF16},
-}
 
 
 def _k3ckpt_imports(path: Path) -> set[str]:
@@ -99,7 +84,7 @@ def test_no_format_id_typed_outside_formats():
         hits = _format_id_literals(path, known)
         if hits:
             found[rel] = hits
-    assert found == NOT_YET_SWITCHED
+    assert found == {}
 
 
 # ------------------------------------------------------------ declared capabilities do what they say

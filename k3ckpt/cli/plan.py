@@ -9,8 +9,6 @@ test).
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import click
 import numpy as np
@@ -185,18 +183,6 @@ def summary_dict(p) -> dict:
     return d
 
 
-def write_plan(p, path: str | os.PathLike) -> Path:
-    """Write ``p.to_json()`` atomically (temporary file in the same folder, fsync, rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(p.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
 def plan_from_options(src, *, devices, device_file, nvme, host_dram, reserve_kv, reserve_act, format_id, loads,
                       trace, heldout, redundant, slots_per_gpu, mode, dense, model_id, seed, requant_report=None,
                       pp_partition=None, **_ignored):
@@ -274,7 +260,7 @@ def command(src, devices, device_file, nvme, host_dram, reserve_kv, reserve_act,
                           redundant=redundant, slots_per_gpu=slots_per_gpu, mode=mode, dense=dense,
                           model_id=model_id, seed=seed, pp_partition=pp_partition)
     if output:
-        write_plan(p, output)
+        api.save_plan(p, output)
     if as_json:
         out = summary_dict(p)
         out["output"] = str(output) if output else None

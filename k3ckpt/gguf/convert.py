@@ -20,9 +20,8 @@ from .tensors import BF16, F16, F32, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0
 from .vocab import tokenizer_metadata
 
 # --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
-EXPERT_TYPES = {"mxfp4": MXFP4, "iq2_xs": IQ2_XS, "iq2_xxs": IQ2_XXS, "q2_k": Q2_K, "q8_0": Q8_0, "bf16": BF16,
-                "f16": F16, "f32": F32}
-OUT_TYPES = {k: EXPERT_TYPES[k] for k in ("bf16", "f16", "q8_0", "f32")}
+EXPERT_TYPES = {C.type_name(t).lower(): t for t in (MXFP4, IQ2_XS, IQ2_XXS, Q2_K, Q8_0, BF16, F16, F32)}
+OUT_TYPES = {C.type_name(t).lower(): t for t in (BF16, F16, Q8_0, F32)}
 # llama.cpp's llama_ftype for a file labelled by its expert type (LlamaFileType)
 FILE_TYPES = {MXFP4: 38, IQ2_XS: 20, IQ2_XXS: 19, Q2_K: 10, Q8_0: 7, BF16: 32, F16: 1, F32: 0}
 

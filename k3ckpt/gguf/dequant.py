@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OutputExistsError, UnsupportedError, UsageError
+from ..formats import ids
 from ..io.writer import TensorSpec
 from .reader import GGUFSet, GGUFTensor, metadata_json
 
@@ -85,7 +86,7 @@ def _check_decoder(t: GGUFTensor) -> None:
         raise UnsupportedError(f"the gguf package has no decoder for {t.type_name}", tensor=t.name) from None
 
 
-def plan_gguf_dequant(gs: GGUFSet, *, dtype: str = "bf16", pattern: str | None = None) -> _Plan:
+def plan_gguf_dequant(gs: GGUFSet, *, dtype: str = ids.BF16, pattern: str | None = None) -> _Plan:
     from ..dequant import OUT_DTYPES
 
     if dtype not in OUT_DTYPES:
@@ -111,7 +112,7 @@ def plan_gguf_dequant(gs: GGUFSet, *, dtype: str = "bf16", pattern: str | None =
     return _Plan(tuple(chosen), tuple(specs), tuple(n for n in gs.tensors if n not in picked), OUT_DTYPES[dtype])
 
 
-def dequant_gguf(gs: GGUFSet, dst, *, dtype: str = "bf16", pattern: str | None = None, progress: bool = False,
+def dequant_gguf(gs: GGUFSet, dst, *, dtype: str = ids.BF16, pattern: str | None = None, progress: bool = False,
                  max_shard_bytes: int, dry_run: bool = False) -> GGUFDequantResult:
     """Write ``dst`` from the open GGUF ``gs`` (module docstring).  A failed run removes what it created."""
     from ..dequant import shard_names

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import UnsupportedError, UsageError
+from ..formats import ids
 from . import container as C
 from ..checkpoint.identity import source_identity
 from .manifest import GGUFManifest, manifest_path
@@ -218,7 +219,7 @@ def estimate(ckpt, job: Job, workers: int) -> Estimate:
         else:
             copy += p.info.nbytes
     cold = any(t == IQ2_XS for _, t, _ in groups) and _iq2xs_cold()
-    compile_s = COMPILE_SECONDS["gguf-iq2_xs"] if cold else 0.0
+    compile_s = COMPILE_SECONDS[ids.GGUF_IQ2_XS] if cold else 0.0
     rows, encode_s = [], 0.0
     for (src, t, _), ps in groups.items():
         weights = sum(int(np.prod(p.info.shape)) for p in ps)

@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..formats import ids
 from ..render import fmt_db, table
 from ..units import human_bytes as fmt_bytes
 from ..units import human_count as fmt_count
@@ -87,8 +88,8 @@ def code_line(a: Aggregate) -> str | None:
 # What each target gives on synthetic MXFP4 weights (docs/BENCHMARKS.md, tools/bench_requant.py,
 # [3072, 3584]): Gaussian, and Student-t (5 dof) with a log-normal spread of row scales, the
 # heavy-tailed shape of trained expert weights.  Trained checkpoints land near the second.
-REFERENCE_SNR = {"moet-w2:refit": (9.20, 8.11), "moet-w2:keep-scales": (9.05, 7.64),
-                 "k3ckpt-mx2": (9.54, 8.60), "gguf-iq2_xs": (10.77, 10.24)}
+REFERENCE_SNR = {f"{ids.MOET_W2}:refit": (9.20, 8.11), f"{ids.MOET_W2}:keep-scales": (9.05, 7.64),
+                 ids.MX2: (9.54, 8.60), ids.GGUF_IQ2_XS: (10.77, 10.24)}
 
 
 def kept_tensors(report: RequantReport) -> list:
@@ -103,7 +104,7 @@ def kept_tensors(report: RequantReport) -> list:
 def _target_key(spec: str) -> str:
     """The REFERENCE_SNR key of a format spec as given (``moet-w2`` means its refit method)."""
     fmt, _, method = spec.partition(":")
-    return f"moet-w2:{method or 'refit'}" if fmt == "moet-w2" else fmt
+    return f"{fmt}:{method or 'refit'}" if fmt == ids.MOET_W2 else fmt
 
 
 def reference_for(spec: str, snr: float, *, kept: int = 0) -> str | None:
@@ -134,8 +135,8 @@ def reference_line(report: RequantReport) -> str | None:
         return None
     spec = report.meta.formats[0]
     parts = [reference_for(spec, report.overall.snr_db, kept=len(kept_tensors(report)))]
-    keep = [r for r in report.tensors if r.format == "moet-w2" and r.method == "keep-scales"]
-    if keep and _target_key(spec) == "moet-w2:refit" and len(keep) < len(report.tensors):
+    keep = [r for r in report.tensors if r.format == ids.MOET_W2 and r.method == "keep-scales"]
+    if keep and _target_key(spec) == f"{ids.MOET_W2}:refit" and len(keep) < len(report.tensors):
         from .report import aggregate
 
         parts.append(f"keep-scales baseline in this run: {fmt_db(aggregate(keep).snr_db)} dB "

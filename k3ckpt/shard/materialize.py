@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..formats import ids
 from ..io.manifest import RunManifest
 from ..io.reader import Checkpoint
 from ..io.writer import (ShardedWriter, TensorSpec, atomic_write_bytes, atomic_write_json, free_space_for,
@@ -124,7 +125,7 @@ def check_plan(src: SourceModel, plan: Plan, layout: str) -> None:
                              "--format stored")
     want = {src.storage: src.expert_bytes, "stored": src.expert_bytes}
     if layout == "moet":
-        want["moet-w2"] = src.moet_slot_bytes()
+        want[ids.MOET_W2] = src.moet_slot_bytes()
     if plan.format_id not in want:
         raise UsageError(f"the plan is for format {plan.format_id!r}; layout {layout!r} of this checkpoint writes "
                          f"{' or '.join(repr(k) for k in want)}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..io.reader import Checkpoint
+from ..formats import ids
 
 __all__ = ["SourceCheckPlan", "expected_outputs", "plan_source_check"]
 
@@ -39,7 +40,7 @@ def expected_outputs(src: Checkpoint, job: str, options: dict, root: Path | None
     if job == "dequant":
         from ..dequant import plan_dequant
 
-        plan = plan_dequant(src, dtype=options.get("dtype", "bf16"), pattern=options.get("tensors"))
+        plan = plan_dequant(src, dtype=options.get("dtype", ids.BF16), pattern=options.get("tensors"))
         return plan.specs, plan.copies
     from ..requant.plan import plan_requant
 

@@ -192,7 +192,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
          fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
          workers: int | None = None, resume: bool = False, dry_run: bool = False,
          max_disk: int | str | None = None, staging: str | os.PathLike | None = None, keep_source: bool = False,
-         report: str | os.PathLike | None = None, progress: bool = False):
+         report: str | os.PathLike | None = None, progress: bool = False,
+         imatrix: str | os.PathLike | None = None):
     """Write a GGUF file (or splits) that llama.cpp runs (``kimi-k3``; ``deepseek2`` from Kimi K2 /
     DeepSeek-V3), with ``PREFIX.k3ckpt-manifest.json`` beside it (``GGUFResult``; docs/gguf.md).
 
@@ -221,6 +222,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         report: folder for the routed experts' ``requant_report.{json,md,svg}`` (default:
             ``PREFIX-report`` beside ``out``; docs/requant-report.md).
         progress: a tqdm bar on stderr.
+        imatrix: a llama.cpp importance matrix (as ``requant``'s): the ``q2_k`` and ``iq2_xxs``
+            encoders weigh their error by it; the report gives weighted errors beside plain ones.
     """
     import dataclasses
 
@@ -232,6 +235,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     options = dict(expert_type=expert_type, outtype=outtype, split_max_bytes=_size(split_max_size, "--split-max-size"),
                    tensor_type=list(tensor_type), target_bpw=target_bpw, fallback_type=fallback_type,
                    chat_template=chat_template)
+    if imatrix is not None:
+        options["imatrix"] = imatrix
     if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import gguf_from_hub
 
@@ -250,7 +255,7 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
             resume: bool = False, max_shard_size: int | str | None = None, max_disk: int | str | None = None,
             staging: str | os.PathLike | None = None, keep_source: bool = False, push_to: str | None = None,
             private: bool = False, push_revision: str | None = None, progress: bool = False,
-            on_compile=None):
+            on_compile=None, imatrix: str | os.PathLike | None = None):
     """Requantize the routed experts of ``src`` into ``dst`` (``RequantResult``; docs/requant.md).
 
     Args:
@@ -277,6 +282,9 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
             (``result.pushed``).
         progress: a tqdm bar on stderr.
         on_compile: called with the expected seconds when kernels must compile first.
+        imatrix: a llama.cpp importance matrix (``llama-imatrix`` GGUF or legacy ``.dat``):
+            weighted encoders (``gguf-q2_k``, ``gguf-iq2_xxs``) weigh their error by it, and
+            the report gives each weight's weighted SNR beside the plain one.
 
     The result carries what happened around the pipeline: ``hub`` (staging facts of an
     ``hf://`` run), ``budget`` and ``pushed``.
@@ -293,6 +301,8 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
                    max_shard_bytes=_size(max_shard_size, "--max-shard-size"))
     if on_compile is not None:
         options["on_compile"] = on_compile
+    if imatrix is not None:
+        options["imatrix"] = imatrix
     if stage is not None and not dry_run:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import requant_from_hub
 
@@ -463,12 +473,13 @@ def verify(dst: str | os.PathLike, *, source: str | os.PathLike | None = None):
 
 # what the CLI asks besides the runs (lookups.py)
 from .lookups import (VIRTUAL_K3, FormatEntry, ReportView, device_set, fixtures, formats, plan_ceiling,  # noqa: E402
-                      plan_fits_placement, plan_stages, report, snr_by_group, snr_reference, source_url)
+                      plan_fits_placement, plan_stages, report, snr_by_group, snr_reference, source_url,
+                      weighted_snr)
 
 __all__ = ["inspect", "make_fixture", "dequant", "gguf", "requant", "format_spec", "plan", "save_plan", "load_plan",
            "shard", "verify", "open_source", "VIRTUAL_K3", "FormatEntry", "ReportView", "device_set", "fixtures",
            "formats", "plan_ceiling", "plan_fits_placement", "plan_stages", "report", "snr_by_group", "snr_reference",
-           "source_url"]
+           "source_url", "weighted_snr"]
 
 
 def __getattr__(name: str):

@@ -99,11 +99,7 @@ class Imatrix:
 
     def entry(self, name: str) -> ImatrixEntry:
         """The importance of weight ``name``, normalised as llama-quantize does (module docstring)."""
-        ref = self._refs.get(name)
-        if ref is None:
-            close = [n for n in self.names if name.split(".")[-1] in n][:3]
-            hint = f"; entries like {', '.join(close)}" if close else ""
-            raise NotFoundError(f"no importance entry {name!r} ({len(self)} entries{hint})", file=self.path)
+        ref = self._ref(name)
         n_mat, n_per_row = ref.shape
         raw = np.fromfile(self.path, dtype="<f4", count=n_mat * n_per_row, offset=ref.offset)
         if raw.size != n_mat * n_per_row:
@@ -123,25 +119,54 @@ class Imatrix:
         out.flags.writeable = False
         return ImatrixEntry(name, out, ref.counts)
 
-    def columns(self, name: str, k: int, expert: int | None = None) -> np.ndarray:
-        """float32 ``[k]``: the importance per input column for a weight ``name`` whose rows hold
-        ``k`` values; ``expert`` picks one matrix of a stacked expert tensor (needed when there are
-        several).  Raises ``UsageError`` when the entry does not fit ``k`` / ``expert``."""
-        e = self.entry(name)
-        total = e.n_mat * e.n_per_row
+    def matrices(self, name: str, k: int) -> int:
+        """How many matrices of rows of ``k`` values entry ``name`` holds (from the index, nothing
+        read).  Raises ``NotFoundError`` without the entry, ``UsageError`` when ``k`` does not fit."""
+        ref = self._ref(name)
+        total = ref.shape[0] * ref.shape[1]
         if k <= 0 or total % k:
             raise UsageError(f"importance entry {name!r} has {total} values, not a multiple of rows of {k}",
                              file=self.path)
-        rows = e.values.reshape(total // k, k)
+        return total // k
+
+    def columns(self, name: str, k: int, expert: int | None = None) -> np.ndarray:
+        """float32 ``[k]``: the importance per input column for a weight ``name`` whose rows hold
+        ``k`` values; ``expert`` picks one matrix of a stacked expert tensor (needed when there are
+        several).  Reads those ``k`` values only, normalised as ``entry`` normalises them.  Raises
+        ``UsageError`` when the entry does not fit ``k`` / ``expert``."""
+        n = self.matrices(name, k)
+        ref = self._refs[name]
         if expert is None:
-            if rows.shape[0] != 1:
-                raise UsageError(f"importance entry {name!r} holds {rows.shape[0]} matrices of {k}: "
-                                 "pass expert=", file=self.path)
-            return rows[0]
-        if not 0 <= expert < rows.shape[0]:
-            raise UsageError(f"importance entry {name!r} holds {rows.shape[0]} matrices of {k}, "
-                             f"no expert {expert}", file=self.path)
-        return rows[expert]
+            if n != 1:
+                raise UsageError(f"importance entry {name!r} holds {n} matrices of {k}: pass expert=", file=self.path)
+            expert = 0
+        if not 0 <= expert < n:
+            raise UsageError(f"importance entry {name!r} holds {n} matrices of {k}, no expert {expert}",
+                             file=self.path)
+        start = expert * k
+        raw = np.fromfile(self.path, dtype="<f4", count=k, offset=ref.offset + 4 * start).astype(np.float32)
+        if raw.size != k:
+            raise InvalidFileError(f"entry {name!r} ends past the end of the file", file=self.path)
+        if not np.isfinite(raw).all():
+            raise InvalidFileError(f"entry {name!r} holds non-finite values", file=self.path)
+        if ref.divide:     # each value by the count of the matrix row it sits in; count 0: all ones
+            counts = np.asarray(ref.counts, np.float32)[(start + np.arange(k)) // ref.shape[1]]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out = np.where(counts > 0, raw / counts, np.float32(1)).astype(np.float32)
+        else:
+            ncall = ref.counts[0]
+            out = raw / np.float32(ncall) if ncall > 0 else raw
+        out = out.astype(np.float32)
+        out.flags.writeable = False
+        return out
+
+    def _ref(self, name: str) -> _Ref:
+        ref = self._refs.get(name)
+        if ref is None:
+            close = [n for n in self.names if name.split(".")[-1] in n][:3]
+            hint = f"; entries like {', '.join(close)}" if close else ""
+            raise NotFoundError(f"no importance entry {name!r} ({len(self)} entries{hint})", file=self.path)
+        return ref
 
 
 def read_imatrix(path) -> Imatrix:

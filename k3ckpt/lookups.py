@@ -119,6 +119,19 @@ def snr_by_group(results) -> list[tuple[str, str, int, float]]:
     return [(f, p, sum(r.params for r in rs), pooled_snr_db(r.stats for r in rs)) for (f, p), rs in sorted(by.items())]
 
 
+def weighted_snr(results) -> tuple[float, int] | None:
+    """``(pooled importance-weighted SNR dB, weights with an importance entry)`` of requant
+    results (``--imatrix``), or None when none has one."""
+    import math
+
+    from .requant.metrics import snr_from_sums
+
+    weighted = [r.weighted for r in results if r.weighted is not None]
+    if not weighted:
+        return None
+    return snr_from_sums(math.fsum(w[0] for w in weighted), math.fsum(w[1] for w in weighted)), len(weighted)
+
+
 def snr_reference(result, spec: str) -> str | None:
     """The reference figures of format ``spec`` beside a requant's overall SNR, as the report
     gives them (None for a format without them)."""

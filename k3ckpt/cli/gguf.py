@@ -27,6 +27,9 @@ from .source import hub_option, source_argument
 @click.option("--target-bpw", "target_bpw", type=float, default=None, metavar="X",
               help="Mixed precision: expert types chosen by measured error so the experts average X bits "
                    "per weight.")
+@click.option("--imatrix", "imatrix", default=None, metavar="FILE",
+              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the q2_k and iq2_xxs "
+                   "encoders weigh their error by it; the report gives weighted errors beside plain ones.")
 @click.option("--fallback-type", "fallback_type", default=None, metavar="TYPE",
               help="Type of a tensor whose rows the asked-for type cannot hold (IQ2_XS needs multiples of 256).")
 @click.option("--chat-template", "chat_template", default=None, metavar="FILE",
@@ -49,8 +52,8 @@ from .source import hub_option, source_argument
               help="Print the files, types, bytes, free space and a time estimate; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_type, chat_template, split_max_size,
-            workers, resume, max_disk, staging, keep_source, report, dry_run, as_json, quiet):
+def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, fallback_type, chat_template,
+            split_max_size, workers, resume, max_disk, staging, keep_source, report, dry_run, as_json, quiet):
     """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
     model; Kimi K2 / DeepSeek-V3 (block FP8, K2-Thinking's INT4) as deepseek2; gpt-oss (MXFP4).
 
@@ -78,7 +81,8 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
                       tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
                       chat_template=chat_template, workers=workers,
                       resume=resume, dry_run=dry_run, report=report, max_disk=max_disk, staging=staging,
-                      keep_source=keep_source, progress=not quiet and not dry_run and sys.stderr.isatty())
+                      keep_source=keep_source, progress=not quiet and not dry_run and sys.stderr.isatty(),
+                      imatrix=imatrix)
     if as_json:
         echo_json(result.to_dict())
         return
@@ -106,7 +110,9 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, fallback_ty
         done = f", {len(result.resumed)} kept from an earlier run" if result.resumed else ""
         click.echo(f"{result.seconds:.1f} s with {result.workers} worker(s){done}; manifest: {result.manifest}")
         if result.report is not None:
-            click.echo(f"routed experts: SNR {fmt_db(result.snr_db)} dB against the source; "
+            weighted = "" if result.weighted_snr_db is None else \
+                f" (importance-weighted {fmt_db(result.weighted_snr_db)} dB)"
+            click.echo(f"routed experts: SNR {fmt_db(result.snr_db)} dB against the source{weighted}; "
                        f"report: {result.report}/requant_report.md")
     if result.budget is not None:
         click.echo(result.budget["message"])

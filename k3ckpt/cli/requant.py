@@ -39,6 +39,10 @@ def hub_summary(run) -> str:
               help="Mixed precision: keep the weights with the most error per byte in MXFP4 so the average "
                    "is X bits per weight (measures every weight first). X lies between FORMAT's bpw and the "
                    "source experts' bpw.")
+@click.option("--imatrix", "imatrix", default=None, metavar="FILE",
+              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the gguf-q2_k and "
+                   "gguf-iq2_xxs encoders weigh their error by it, and the report gives the weighted SNR "
+                   "of every weight it covers beside the plain one.")
 @click.option("--workers", type=int, default=None, help="Worker processes (default: CPU count).")
 @click.option("--max-shard-size", "max_shard_size", default="5GB", show_default=True, metavar="SIZE",
               help="Largest output shard (tensor bytes), with a unit (5GB, 500MB, 2GiB). The output is "
@@ -62,8 +66,8 @@ def hub_summary(run) -> str:
                    "hf://ORG/NAME@REV or --revision REV.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no kernel-compile note.")
-def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, max_shard_size, report_path, dry_run,
-            resume, max_disk, staging, keep_source, push_to, private, push_revision, as_json, quiet):
+def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, imatrix, workers, max_shard_size, report_path,
+            dry_run, resume, max_disk, staging, keep_source, push_to, private, push_revision, as_json, quiet):
     """Write DST: SRC with its routed-expert weights requantized to FORMAT.
 
     SRC's routed experts may be MXFP4, block FP8, INT4 pack-quantized, NVFP4
@@ -86,7 +90,7 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, workers, ma
                          dry_run=dry_run, resume=resume, max_disk=max_disk, staging=staging,
                          keep_source=keep_source, push_to=push_to, private=private, push_revision=push_revision,
                          progress=not quiet and not as_json and sys.stderr.isatty(),
-                         on_compile=None if quiet else _compile_note)
+                         on_compile=None if quiet else _compile_note, imatrix=imatrix)
     budget, hub_run, pushed = result.budget, result.hub, result.pushed
     if as_json:
         echo_json(result.to_dict())
@@ -154,6 +158,10 @@ def _print_summary(result, spec: str) -> None:
                f"{result.seconds:.1f} s ({human_bytes(rate)}/s of source)")
     if res:
         click.echo(f"SNR {fmt_db(result.snr_db)} dB overall" + _reference(result, spec))
+        weighted = api.weighted_snr(res)
+        if weighted is not None:
+            db, n = weighted
+            click.echo(f"importance-weighted SNR {fmt_db(db)} dB over {n:,} of {len(res):,} weight(s) (--imatrix)")
     if result.allocation is not None:
         a = result.allocation
         click.echo(f"--target-bpw {a['target_bpw']:g}: {len(a['keep'])} source tensor(s) kept in MXFP4, "

@@ -99,6 +99,7 @@ class FormatInfo:
     mxfp4_codes: bool = False             # encodes straight from MXFP4 codes (``from_mxfp4``)
     methods: tuple[str, ...] = ()         # encoder methods, the first the default (``moet-w2:keep-scales``)
     ggml_type: str | None = None          # the GGUF type holding the same bytes (then a GGUF can hold it)
+    weighted: bool = False                # its encoder weighs columns by an importance matrix (``--imatrix``)
     # How a checkpoint's quantization_config names it (``formats.recognise``): ``quant_method``, or
     # ``quant_method/format`` (compressed-tensors' format, fp8's ``block``, ModelOpt's algorithm)
     declared_as: tuple[str, ...] = ()
@@ -171,6 +172,7 @@ class FormatInfo:
             "methods": list(self.methods),
             "containers": list(self.containers),
             "ggml_type": self.ggml_type,
+            "weighted": self.weighted,
             "spec": self.spec,
         }
 

@@ -81,13 +81,12 @@ class GGMLBlockFormat(Format):
 
     A subclass sets ``info``, ``label`` (ggml's type name, for messages), ``encoder``
     (the requant module with ``encode`` / ``encode_reference``), ``decoders``
-    (fast, reference: bytes ``[..., K/256*B]`` -> float32 ``[..., K]``) and whether
-    the encoder takes an importance matrix.
+    (fast, reference: bytes ``[..., K/256*B]`` -> float32 ``[..., K]``); ``info.weighted``
+    says whether the encoder takes an importance matrix.
     """
 
     label: ClassVar[str]
     decoders: ClassVar[tuple[Callable, Callable]]
-    takes_imatrix: ClassVar[bool] = True
 
     def check_logical_shape(self, shape, *, name: str | None = None) -> tuple[int, ...]:
         shape = tuple(int(v) for v in shape)
@@ -109,7 +108,7 @@ class GGMLBlockFormat(Format):
     def _run_encoder(self, x, imatrix, name, *, reference: bool) -> dict[str, np.ndarray]:
         if imatrix is None:
             return {"packed": self._encode_fn(reference)(x, name=name)}
-        if not self.takes_imatrix:
+        if not self.info.weighted:
             raise UsageError(f"{self.label}'s encoder takes no importance matrix", tensor=name)
         return {"packed": self._encode_fn(reference)(x, imatrix=imatrix, name=name)}
 

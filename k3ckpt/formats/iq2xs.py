@@ -167,4 +167,3 @@ class IQ2XS(GGMLBlockFormat):
     label = "IQ2_XS"
     encoder = "iq2xs"
     decoders = (decode_iq2xs, decode_iq2xs_ref)
-    takes_imatrix = False   # the plain squared error (requant.iq2xs)

@@ -137,6 +137,7 @@ class IQ2XXS(GGMLBlockFormat):
         spec="docs/formats/iq2_xxs.md#stored-tensors",
         mxfp4_codes=True,
         ggml_type="IQ2_XXS",
+        weighted=True,
     )
 
     label = "IQ2_XXS"

@@ -121,6 +121,7 @@ class Q2K(GGMLBlockFormat):
         spec="docs/formats/q2_k.md#stored-tensors",
         mxfp4_codes=True,
         ggml_type="Q2_K",
+        weighted=True,
     )
 
     label = "Q2_K"

@@ -57,6 +57,7 @@ class GGUFResult:
     budget: dict | None = field(default=None, repr=False)   # hf:// with --max-disk: need, ok, message
     report: Path | None = None         # folder of requant_report.{json,md,svg}: the routed experts' error
     snr_db: float | None = None        # the routed experts' pooled SNR against the source values
+    weighted_snr_db: float | None = None   # --imatrix: the same, importance-weighted (experts with an entry)
 
     def __repr__(self) -> str:
         verb = "would write" if self.dry_run else "wrote"
@@ -72,7 +73,8 @@ class GGUFResult:
                 "manifest": str(self.manifest) if self.manifest is not None else None,
                 "hub": self.hub, "max_disk": self.budget,
                 "report": str(self.report) if self.report is not None else None,
-                "snr_db": _float_out(self.snr_db) if self.snr_db is not None else None}
+                "snr_db": _float_out(self.snr_db) if self.snr_db is not None else None,
+                "weighted_snr_db": _float_out(self.weighted_snr_db) if self.weighted_snr_db is not None else None}
 
 
 def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None, tensor_type=(),
@@ -131,22 +133,24 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
                split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False, progress: bool = False,
                resume: bool = False, workers: int | None = 1, tensor_type=(), target_bpw: float | None = None,
                fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
-               vocab_dir: str | os.PathLike | None = None, report: str | os.PathLike | None = None) -> GGUFResult:
+               vocab_dir: str | os.PathLike | None = None, report: str | os.PathLike | None = None,
+               imatrix: str | os.PathLike | None = None) -> GGUFResult:
     """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``, with its manifest beside it
     (``run``: resumable split by split, experts encoded by ``workers`` processes; the bytes depend on
     neither).  ``dry_run``: the files, tensors and bytes it would write, the free space and a time
     estimate; nothing is written.  ``vocab_dir``: the folder holding the vocabulary files when it is
-    not ``ckpt.root`` (an ``hf://`` source's fetched side files)."""
+    not ``ckpt.root`` (an ``hf://`` source's fetched side files).  ``imatrix``: a llama.cpp
+    importance matrix for the weighted encoders and the report (``requant.importance``)."""
     from .run import dry_result, estimate, plan_job, precheck, resolve_workers, run_job, with_root
 
     n = resolve_workers(workers)
     view = with_root(ckpt, vocab_dir)
     if not dry_run:
         precheck(view, out, resume=resume, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
-                 tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type)
+                 tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type, imatrix=imatrix)
     job = plan_job(view, out, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
                    tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
-                   chat_template=chat_template, measure=not dry_run, progress=progress)
+                   chat_template=chat_template, measure=not dry_run, progress=progress, imatrix=imatrix)
     if dry_run:
         return dry_result(job, estimate(view, job, n))
     return run_job(view, job, resume=resume, workers=n, report=report, progress=progress)

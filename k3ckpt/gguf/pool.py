@@ -100,14 +100,22 @@ class _Arrays:
         pass
 
 
-def run_task(p: Planned, number: int, entries: dict | None, arrays: dict | None, measure: bool):
+def expert_importance(importance, p: Planned, e: int):
+    """Expert ``e`` of stacked tensor ``p``'s importance per column (read by the parent: K floats a
+    task), or None without an importance matrix or an entry for ``p``."""
+    if importance is None:
+        return None
+    return importance.row(p.info.name, int(p.info.shape[-1]), p.recipe.first + e if p.recipe.rows else e)
+
+
+def run_task(p: Planned, number: int, entries: dict | None, arrays: dict | None, measure: bool, imatrix=None):
     """Pool entry point: one expert's ``produce.ExpertPiece`` (``p`` is ``one_expert``'s plan of
-    expert ``number``)."""
+    expert ``number``; ``imatrix`` its importance per column, or None)."""
     from .produce import expert_piece
 
     src = _FileTensors(entries) if entries is not None else _Arrays(arrays)
     try:
-        return expert_piece(src, p, 0, measure=measure, number=number)
+        return expert_piece(src, p, 0, measure=measure, number=number, imatrix=imatrix)
     finally:
         src.close()
 
@@ -131,8 +139,9 @@ class ExpertRunner:
     (a run of expert tensors that come one after another in the file); ``measure``: each piece
     carries its report row."""
 
-    def __init__(self, ckpt, workers: int, *, measure: bool = False):
+    def __init__(self, ckpt, workers: int, *, measure: bool = False, importance=None):
         self.files = SourceFiles(ckpt)
+        self.importance = importance    # requant.importance.Importance (--imatrix) or None
         self.workers = workers
         self.measure = measure
         self._pool = None
@@ -164,7 +173,8 @@ class ExpertRunner:
             if entries is None:
                 arrays = {n: self.files.ckpt.read_raw(n) for n in sub.recipe.sources}
             try:
-                future = self._executor().submit(run_task, sub, e, entries, arrays, self.measure)
+                future = self._executor().submit(run_task, sub, e, entries, arrays, self.measure,
+                                                 expert_importance(self.importance, p, e))
             except BrokenProcessPool:
                 raise _lost(p.info.name) from None
             pending.append((p, e, shards, future))

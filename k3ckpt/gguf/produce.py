@@ -48,8 +48,9 @@ def _as_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
     raise UnsupportedError(f"no float conversion for a {dtype} tensor")
 
 
-def float_bytes(x: np.ndarray, ggml_type: int) -> bytes:
-    """float32 ``x`` (rows along the last axis) as ``ggml_type``'s bytes."""
+def float_bytes(x: np.ndarray, ggml_type: int, imatrix=None) -> bytes:
+    """float32 ``x`` (rows along the last axis) as ``ggml_type``'s bytes; ``imatrix``: importance
+    per column for a weighted encoder (``FormatInfo.weighted``), else unused."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if ggml_type == F32:
         return x.tobytes()
@@ -63,7 +64,10 @@ def float_bytes(x: np.ndarray, ggml_type: int) -> bytes:
         from ..formats import get_format
 
         fid, part = _FROM_FLOAT[ggml_type]
-        return get_format(fid).encode(x)[part].tobytes()
+        fmt = get_format(fid)
+        if imatrix is not None and fmt.info.weighted:
+            return fmt.from_float(x, imatrix=imatrix)[part].tobytes()
+        return fmt.encode(x)[part].tobytes()
     raise UnsupportedError(f"k3ckpt does not encode {type_name(ggml_type)} yet")
 
 
@@ -91,13 +95,15 @@ def _copy_bytes(raw: np.ndarray, src_dtype: str, ggml_type: int) -> bytes:
 
 
 def _expert(ckpt, srcs: tuple[str, ...], src_dtype: str, ggml_type: int,
-            want_ref: bool = False) -> tuple[bytes, np.ndarray | None]:
+            want_ref: bool = False, imatrix=None) -> tuple[bytes, np.ndarray | None]:
     """One expert's bytes and, with ``want_ref``, the float32 source values they stand for."""
     if src_dtype != "MXFP4":
         raw = _load(ckpt, srcs, src_dtype)
         ref = (raw if src_dtype in DECODED else _as_f32(raw, src_dtype)) if want_ref else None
+        if imatrix is not None and ggml_type in _FROM_FLOAT:
+            return float_bytes(raw if src_dtype in DECODED else _as_f32(raw, src_dtype), ggml_type, imatrix), ref
         return _copy_bytes(raw, src_dtype, ggml_type), ref
-    return _pair_expert(ckpt.read_raw(srcs[0]), ckpt.read_raw(srcs[1]), srcs[0], ggml_type, want_ref)
+    return _pair_expert(ckpt.read_raw(srcs[0]), ckpt.read_raw(srcs[1]), srcs[0], ggml_type, want_ref, imatrix)
 
 
 # gpt-oss fused experts: which rows of each expert a recipe takes (gate_up_proj interleaves gate, up)
@@ -122,7 +128,7 @@ def fused_pair(ckpt, r, expert: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pair_expert(packed: np.ndarray, scale: np.ndarray, name: str, ggml_type: int,
-                 want_ref: bool = False) -> tuple[bytes, np.ndarray | None]:
+                 want_ref: bool = False, imatrix=None) -> tuple[bytes, np.ndarray | None]:
     """An MXFP4 expert's bytes (and, with ``want_ref``, its decoded values), from codes already read:
     a lossless repack, k3ckpt's encoder of the codes, or decoded and re-encoded."""
     from ..formats import get_format
@@ -133,8 +139,10 @@ def _pair_expert(packed: np.ndarray, scale: np.ndarray, name: str, ggml_type: in
     if ggml_type == MXFP4:
         return pair_to_gguf(packed, scale, name=name).tobytes(), x
     if ggml_type in _FROM_MXFP4:
-        return get_format(_FROM_MXFP4[ggml_type]).from_mxfp4(packed, scale, name=name)["packed"].tobytes(), x
-    return float_bytes(x, ggml_type), x
+        fmt = get_format(_FROM_MXFP4[ggml_type])
+        weights = {"imatrix": imatrix} if imatrix is not None and fmt.info.weighted else {}
+        return fmt.from_mxfp4(packed, scale, name=name, **weights)["packed"].tobytes(), x
+    return float_bytes(x, ggml_type, imatrix), x
 
 
 def decode_ggml(data: bytes, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -168,25 +176,30 @@ class ExpertPiece:
 PROJECTIONS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down", "ffn_gate_up_exps": "gate_up"}
 
 
-def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False, number: int | None = None) -> ExpertPiece:
+def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False, number: int | None = None,
+                 imatrix=None) -> ExpertPiece:
     """Expert ``expert`` of planned expert tensor ``p``; ``measure``: also its error against the
     source values (decoded MXFP4 / FP8 / INT4, or the float weights), from our bytes decoded back.
-    ``number``: the expert's number in the report when ``p`` is a one-expert cut of its tensor."""
+    ``number``: the expert's number in the report when ``p`` is a one-expert cut of its tensor.
+    ``imatrix``: the expert's importance per column (``--imatrix``): a weighted encoder weighs its
+    error by it, and the report row carries the weighted error."""
     r, t = p.recipe, p.info.ggml_type
     if r.rows:                                       # gpt-oss: every expert in one fused tensor
         srcs = r.sources
         packed, scale = fused_pair(ckpt, r, expert)
-        data, ref = _pair_expert(packed, scale, f"{srcs[0]}[{r.first + expert}]", t, want_ref=measure)
+        data, ref = _pair_expert(packed, scale, f"{srcs[0]}[{r.first + expert}]", t, want_ref=measure,
+                                 imatrix=imatrix)
     else:
         per = len(r.sources) // r.arg
         srcs = r.sources[expert * per:(expert + 1) * per]
-        data, ref = _expert(ckpt, srcs, p.source_dtype, t, want_ref=measure)
+        data, ref = _expert(ckpt, srcs, p.source_dtype, t, want_ref=measure, imatrix=imatrix)
     if not measure:
         return ExpertPiece(expert, data)
     from ..requant.results import TensorResult
-    from ..requant.worker import _error
+    from ..requant.worker import _error, _weighted
 
-    stats, row_bias = _error(ref, decode_ggml(data, t, p.info.shape[1:]))
+    decoded = decode_ggml(data, t, p.info.shape[1:])
+    stats, row_bias = _error(ref, decoded)
     projection = PROJECTIONS.get(p.info.name.split(".")[2])
     if r.rows:
         number = r.first + expert if number is None else number
@@ -198,7 +211,8 @@ def expert_piece(ckpt, p: Planned, expert: int, *, measure: bool = False, number
     return ExpertPiece(expert, data, TensorResult(
         name=name, layer=p.layer, expert=number, projection=projection,
         format=f"gguf-{type_name(t).lower()}", method=None, params=int(ref.size), bytes=len(data), stats=stats,
-        max_row_bias=row_bias, source_zero_fraction=zeros, code_histogram=(), scale_changes=None))
+        max_row_bias=row_bias, source_zero_fraction=zeros, code_histogram=(), scale_changes=None,
+        weighted=_weighted(ref, decoded, imatrix)))
 
 
 def tensor_pieces(ckpt, p: Planned) -> Iterator[bytes]:

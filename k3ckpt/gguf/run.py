@@ -53,6 +53,7 @@ class Job:
     split_max_bytes: int | None
     options: dict
     source: dict
+    importance: object | None = None    # requant.importance.Importance (--imatrix) or None
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -109,12 +110,17 @@ def with_root(ckpt, root: str | os.PathLike | None):
 
 def job_options(*, expert_type: str = "iq2_xs", outtype: str | None = None, split_max_bytes: int | None = None,
                 tensor_type=(), target_bpw: float | None = None, fallback_type: str | None = None,
-                chat_template: str | os.PathLike | None = None) -> dict:
-    """The options a manifest records (those that change the bytes; not ``workers``)."""
-    return {"expert_type": expert_type.strip().lower(), "outtype": outtype.strip().lower() if outtype else None,
-            "split_max_bytes": split_max_bytes, "tensor_type": list(tensor_type), "target_bpw": target_bpw,
-            "fallback_type": fallback_type.strip().lower() if fallback_type else None,
-            "chat_template": str(chat_template) if chat_template is not None else None}
+                chat_template: str | os.PathLike | None = None, imatrix: str | os.PathLike | None = None) -> dict:
+    """The options a manifest records (those that change the bytes; not ``workers``); an
+    importance matrix by its file's name and size, and only when given (earlier manifests match)."""
+    out = {"expert_type": expert_type.strip().lower(), "outtype": outtype.strip().lower() if outtype else None,
+           "split_max_bytes": split_max_bytes, "tensor_type": list(tensor_type), "target_bpw": target_bpw,
+           "fallback_type": fallback_type.strip().lower() if fallback_type else None,
+           "chat_template": str(chat_template) if chat_template is not None else None}
+    if imatrix is not None:
+        p = Path(imatrix)
+        out["imatrix"] = {"name": p.name, "bytes": p.stat().st_size if p.is_file() else None}
+    return out
 
 
 def precheck(ckpt, out: str | os.PathLike, *, resume: bool, **options) -> None:
@@ -125,20 +131,27 @@ def precheck(ckpt, out: str | os.PathLike, *, resume: bool, **options) -> None:
 def plan_job(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
              split_max_bytes: int | None = None, tensor_type=(), target_bpw: float | None = None,
              fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
-             measure: bool = True, progress: bool = False) -> Job:
+             measure: bool = True, progress: bool = False, imatrix: str | os.PathLike | None = None) -> Job:
     """Everything a run of these options writes (``Job``), from ``ckpt``'s headers and vocabulary
-    (``measure``: with ``target_bpw``, measure the experts to choose their types; a dry run does not)."""
+    (``measure``: with ``target_bpw``, measure the experts to choose their types; a dry run does not).
+    ``imatrix``: an importance matrix, checked here against the expert tensors (``importance``)."""
     from .convert import plan_gguf
 
     kvs, planned, skipped = plan_gguf(ckpt, expert_type=expert_type, outtype=outtype, measure=measure,
                                       progress=progress, tensor_type=list(tensor_type), target_bpw=target_bpw,
                                       fallback_type=fallback_type, chat_template=chat_template)
+    importance = None
+    if imatrix is not None:
+        from ..requant.importance import load_gguf_importance
+
+        importance = load_gguf_importance(imatrix, [(p.info.name, int(p.info.shape[0]), int(p.info.shape[-1]))
+                                                    for p in planned if p.recipe.kind == "experts"])
     files = plan_files(out, kvs, [p.info for p in planned], split_max_bytes=split_max_bytes)
     options = job_options(expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
                           tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
-                          chat_template=chat_template)
+                          chat_template=chat_template, imatrix=imatrix)
     return Job(Path(out), tuple(kvs), tuple(planned), tuple(skipped), tuple(files), split_max_bytes, options,
-               source_identity(ckpt))
+               source_identity(ckpt), importance)
 
 
 # -- the dry run's time estimate -------------------------------------------------------------
@@ -280,15 +293,16 @@ def _load_rows(folder: Path, split: str) -> list:
 
 
 def _report(ckpt, job: Job, rows: list, folder: Path):
-    """(report folder, the experts' pooled SNR)."""
+    """(report folder, the experts' pooled SNR, their importance-weighted SNR or None)."""
     from ..requant.report import ReportMeta, build_report, write_report
 
     hub = job.source.get("repo_id")
     source = f"hf://{hub}" if hub else str(ckpt.root)
-    meta = ReportMeta(source=source, source_commit=job.source.get("commit"), options=dict(job.options))
+    meta = ReportMeta(source=source, source_commit=job.source.get("commit"), options=dict(job.options),
+                      imatrix=None if job.importance is None else job.importance.describe())
     report = build_report(sorted(rows, key=lambda r: (r.layer or 0, r.projection or "", r.expert or 0)), meta)
     write_report(report, folder)
-    return folder, report.overall.snr_db
+    return folder, report.overall.snr_db, report.overall.weighted_snr_db
 
 
 def output_files(job: Job) -> list[Path]:
@@ -308,6 +322,7 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
 
     from ..io.writer import free_space_for
     from .convert import GGUFResult
+    from .pool import expert_importance
     from .produce import expert_piece, tensor_pieces
     from .writer import GGUFWriter
 
@@ -341,7 +356,7 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
         if first is not None and _iq2xs_cold():
             # compiled here once and cached (about 33 s), not by every worker at once on a first run
             _timed(ckpt, first, 1)
-        runner = ExpertRunner(ckpt, workers, measure=True)
+        runner = ExpertRunner(ckpt, workers, measure=True, importance=job.importance)
     kept = sum(sizes[n] for n in done)
     try:
         with writer, tqdm(total=job.total_size, initial=kept, unit="B", unit_scale=True, desc="gguf",
@@ -369,7 +384,7 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
                     continue
                 if p.recipe.kind == "experts":
                     for e in range(p.recipe.arg):
-                        piece = expert_piece(ckpt, p, e, measure=True)
+                        piece = expert_piece(ckpt, p, e, measure=True, imatrix=expert_importance(job.importance, p, e))
                         rows.setdefault(p.info.name, []).append(piece.result)
                         writer.write(p.info.name, piece.data)
                         bar.update(len(piece.data))
@@ -383,13 +398,13 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
         if runner is not None:
             runner.close()
     every = kept_rows + [r for t in rows.values() for r in t]
-    report_dir, snr = _report(ckpt, job, every, Path(report) if report is not None else default_report_dir(out)) \
-        if every else (None, None)
+    report_dir, snr, wsnr = _report(ckpt, job, every, Path(report) if report is not None
+                                    else default_report_dir(out)) if every else (None, None, None)
     seconds = time.perf_counter() - t0
     manifest.finish(splits=len(job.files), tensors=len(planned), bytes=job.total_size, seconds=round(seconds, 3))
     return GGUFResult(job.paths, len(planned), job.total_size, job.bytes_by_type(), job.skipped,
                       resumed=tuple(done), seconds=seconds, workers=workers, manifest=manifest.path,
-                      report=report_dir, snr_db=snr)
+                      report=report_dir, snr_db=snr, weighted_snr_db=wsnr)
 
 
 def resolve_workers(workers: int | None) -> int:

@@ -75,8 +75,11 @@ class _Runner:
     """Weights computed in order, by a process pool (``workers`` > 1; ``pool_context``) or in-process,
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
 
-    def __init__(self, ckpt, weights, workers: int, src_path: str | None, place=None, keep_parts: bool = True):
+    def __init__(self, ckpt, weights, workers: int, src_path: str | None, place=None, keep_parts: bool = True,
+                 importance=None):
         from . import worker as wk
+
+        self._importance = importance   # importance.Importance (--imatrix) or None
 
         self._wk = wk
         self._ckpt = ckpt
@@ -99,10 +102,14 @@ class _Runner:
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
         targets = None if self._place is None else self._place(w)
         try:
-            future = self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts)
+            future = self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts, self._columns(w))
         except BrokenProcessPool:
             raise _worker_lost(w.name) from None
         self._pending.append((w, future))
+
+    def _columns(self, w):
+        # one row of the importance file, read here so workers need not open it (K floats a task)
+        return None if self._importance is None else self._importance.columns(w)
 
     def __bool__(self) -> bool:
         return bool(self._pending)
@@ -114,7 +121,7 @@ class _Runner:
     def next(self):
         w, future = self._pending.popleft()
         if future is None:
-            got = self._wk.compute(self._ckpt, w)
+            got = self._wk.compute(self._ckpt, w, None, self._columns(w))
         else:
             try:
                 got = future.result()
@@ -128,13 +135,15 @@ class _Runner:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool) -> dict[int, TensorResult]:
+def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool,
+            importance=None) -> dict[int, TensorResult]:
     """Results of ``weights`` without writing anything (the ``--target-bpw`` measurement pass)."""
     from tqdm import tqdm
 
     out: dict[int, TensorResult] = {}
     by_index = {w.index: w for w in weights}
-    runner = _Runner(ckpt, weights, workers, src_path, keep_parts=False)   # results only: no parts back
+    # results only: no parts back
+    runner = _Runner(ckpt, weights, workers, src_path, keep_parts=False, importance=importance)
     try:
         with tqdm(total=sum(w.in_bytes for w in weights), unit="B", unit_scale=True, desc="measure",
                   disable=not progress) as bar:
@@ -149,7 +158,7 @@ def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool
 
 def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, TensorResult], *, done_shards,
            workers: int, src_path: str | None, progress: bool, max_shard_bytes: int, resume: bool,
-           on_result=None) -> list[str]:
+           on_result=None, importance=None) -> list[str]:
     """Write every output tensor of ``plan`` into ``dst``; fills ``results``; returns the shard names."""
     from tqdm import tqdm
 
@@ -176,7 +185,7 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
             return {role: writer.place(name) for role, name in w.outputs
                     if writer.needs(name) and writer.specs[name].nbytes}
 
-        runner = _Runner(ckpt, todo, workers, src_path, place=place)
+        runner = _Runner(ckpt, todo, workers, src_path, place=place, importance=importance)
         pos = {n: i for i, n in enumerate(ckpt.tensors)}
         drained = [0]
 

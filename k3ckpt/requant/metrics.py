@@ -103,6 +103,17 @@ def pooled_snr_db(stats) -> float:
     return snr_from_sums(math.fsum(sxx), math.fsum(see))
 
 
+def weighted_sums(ref, approx, columns) -> tuple[float, float]:
+    """``(sum_ij w_j x_ij^2, sum_ij w_j (x_ij - y_ij)^2)`` in float64 for ``[N, K]`` tensors and
+    importance ``columns`` ``[K]`` (``--imatrix``): the error an importance matrix weighs, pooled
+    across tensors by adding the sums (``snr_from_sums`` of them is the weighted SNR)."""
+    x = np.asarray(ref, np.float32).reshape(-1, np.shape(columns)[-1])
+    y = np.asarray(approx, np.float32).reshape(x.shape)
+    w = np.asarray(columns, np.float64)
+    e = x.astype(np.float64) - y
+    return float(np.einsum("ij,ij->j", x, x, dtype=np.float64) @ w), float(np.einsum("ij,ij->j", e, e) @ w)
+
+
 # Sums vector layout shared by kernels, reference and _finish.
 _SXX, _SYY, _SEE, _SE, _SXY, _MAXABS, _N, _BAD = range(8)
 BLOCK = 32

@@ -153,7 +153,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                        source_label: str | None = None, target_bpw: float | None = None,
                        on_result: Callable[[TensorResult], None] | None = None,
                        layout: str | None = None,
-                       on_compile: Callable[[float], None] | None = None) -> RequantResult:
+                       on_compile: Callable[[float], None] | None = None, imatrix=None) -> RequantResult:
     """Write ``dst``: ``ckpt`` with its routed-expert weights in ``format``.
 
     Sources: MXFP4, block FP8, INT4 pack-quantized, NVFP4 or BF16/F16/F32
@@ -169,6 +169,10 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     ``on_result`` is called in the parent after each weight's result is written
     (in plan order); ``on_compile(seconds)`` once before the data pass when numba's cache
     lacks the plan's kernels (the CLI says "compiling kernels (first run only)").
+    ``imatrix``: a llama.cpp importance-matrix file (``importance.py``): weighted encoders
+    (``FormatInfo.weighted``) weigh their error by it, and every weight it has an entry for
+    reports its weighted error beside the plain one; checked against the plan before anything
+    is written.
     """
     t0 = time.perf_counter()
     max_shard_bytes = _SHARD_BYTES if max_shard_bytes is None else int(max_shard_bytes)
@@ -182,6 +186,11 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 
         start_pool_server(workers)
     plan = plan_requant(ckpt, format=format, experts=experts, tensor_type=tensor_type, layout=layout)
+    importance = None
+    if imatrix is not None:
+        from .importance import load_importance
+
+        importance = load_importance(imatrix, plan.weights)
     from .kernels import compile_seconds
 
     compiling = compile_seconds(plan)   # numba's cache is cold: the first run compiles
@@ -212,6 +221,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                "max_shard_bytes": max_shard_bytes, "target_bpw": target_bpw}
     if layout is not None:   # only when given, so manifests of earlier runs still match
         options["layout"] = layout
+    if importance is not None:   # the file's name and size: a resume must use the same one
+        options["imatrix"] = importance.identity()
     from ..io.writer import free_space_for, is_fresh_output
 
     if is_fresh_output(dst, resume):
@@ -225,8 +236,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     source_order = {w.name: w.index for w in plan.weights}
     if target_bpw is not None:
         plan, allocation, kept_results = _allocate(ckpt, plan, manifest, target_bpw, workers=workers,
-                                                   progress=progress, format=format, experts=experts,
-                                                   tensor_type=tensor_type, layout=layout)
+                                                   progress=progress, importance=importance, format=format,
+                                                   experts=experts, tensor_type=tensor_type, layout=layout)
     if compiling and on_compile is not None:
         on_compile(compiling)
     from ._stream import saved_results, stream
@@ -245,12 +256,13 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 
     shards = stream(ckpt, plan, dst, manifest, results, done_shards=done, workers=workers,
                     src_path=_local_path(ckpt), progress=progress, max_shard_bytes=max_shard_bytes,
-                    resume=resume, on_result=on_result)
+                    resume=resume, on_result=on_result, importance=importance)
     ordered = tuple(sorted([results[w.index] for w in plan.weights] + kept_results,
                            key=lambda r: source_order[r.name]))
     _finish_side_files(ckpt, dst, plan, manifest)
     report = _write_report(ordered, Path(report_path) if report_path else dst, source_label or str(ckpt.root),
-                           format, options, commit=ckpt.origin.commit)
+                           format, options, commit=ckpt.origin.commit,
+                           imatrix=None if importance is None else importance.describe())
     for p in sorted(dst.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME and p.name not in manifest.records:
             manifest.record(p.name)
@@ -265,7 +277,7 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
 # Manifest option keys and the flags that set them (the mismatch message names the flag).
 _OPTION_FLAGS = {"format": "--format", "experts": "--experts", "projections": "--experts",
                  "tensor_type": "--tensor-type", "max_shard_bytes": "--max-shard-size", "target_bpw": "--target-bpw",
-                 "layout": "--layout"}
+                 "layout": "--layout", "imatrix": "--imatrix"}
 
 
 def _show(key: str, value) -> str:
@@ -313,8 +325,11 @@ def _check_resume(dst: Path, options: dict, source: dict) -> None:
                                   "pass the same SRC, or a new DST", file=str(dst))
 
 
-def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool, **plan_kw):
-    """Measure every planned weight, choose which stay MXFP4, and re-plan with them kept.
+def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool,
+              importance=None, **plan_kw):
+    """Measure every planned weight, choose which stay MXFP4, and re-plan with them kept.  The
+    error is the importance-weighted one when every weight has an importance entry (weighted and
+    plain errors are in different units, so they are never mixed).
 
     The choice is saved beside the manifest, so a resumed run does not measure again."""
     from ._stream import RESULTS_DIR, load_state, measure, save_state
@@ -325,12 +340,17 @@ def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: 
     saved = load_state(manifest, state)
     if saved is None:
         measured = measure(ckpt, list(plan.weights), workers=workers, src_path=_local_path(ckpt),
-                           progress=progress)
+                           progress=progress, importance=importance)
+        weighted = all(r.weighted is not None for r in measured.values())
+
+        def error(r: TensorResult) -> float:
+            return r.weighted[1] if weighted else r.stats.count * r.stats.err_rms ** 2
+
         cands = []
         for unit, ws in plan.units().items():
             rs = [measured[w.index] for w in ws]
             cands.append(Candidate(unit, sum(w.params for w in ws), sum(w.in_bytes for w in ws),
-                                   sum(r.bytes for r in rs), sum(r.stats.count * r.stats.err_rms ** 2 for r in rs)))
+                                   sum(r.bytes for r in rs), sum(error(r) for r in rs)))
         alloc = allocate(cands, target_bpw)
         kept = [measured[w.index] for unit in sorted(alloc.keep) for w in plan.units()[unit]]
         saved = {**alloc.to_dict(), "kept_results": [r.to_dict() for r in kept]}
@@ -348,7 +368,8 @@ def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: 
         kept_results.append(TensorResult(
             name=r.name, layer=r.layer, expert=r.expert, projection=r.projection, format=w.source_format,
             method=None, params=r.params, bytes=w.in_bytes, stats=exact, max_row_bias=0.0,
-            source_zero_fraction=r.source_zero_fraction, code_histogram=(), scale_changes=None))
+            source_zero_fraction=r.source_zero_fraction, code_histogram=(), scale_changes=None,
+            weighted=None if r.weighted is None else (r.weighted[0], 0.0)))
     new_plan = plan_requant(ckpt, keep=keep_names, **plan_kw)
     allocation = {k: v for k, v in saved.items() if k != "kept_results"}
     return new_plan, allocation, kept_results
@@ -379,12 +400,12 @@ def _finish_side_files(ckpt, dst: Path, plan: RequantPlan, manifest) -> None:
 
 
 def _write_report(results: tuple[TensorResult, ...], folder: Path, source: str, format: str,
-                  options: dict, commit: str | None = None) -> str | None:
+                  options: dict, commit: str | None = None, imatrix: dict | None = None) -> str | None:
     if not results:
         return None
     from .report import write_report
 
     formats = tuple(dict.fromkeys([format] + [f for _, f in options.get("tensor_type", [])]))
     write_report(results, folder, meta={"source": source, "formats": formats, "options": options,
-                                        "source_commit": commit})
+                                        "source_commit": commit, "imatrix": imatrix})
     return str(folder)

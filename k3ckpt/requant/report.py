@@ -74,6 +74,8 @@ class ReportMeta:
     source_commit: str | None = None         # hub commit / revision of SRC, when known
     k3ckpt_version: str = __version__
     options: Mapping[str, Any] = field(default_factory=dict)   # command options, JSON values
+    # the importance matrix of an --imatrix run (importance.Importance.describe), else None
+    imatrix: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str):
@@ -91,6 +93,8 @@ class ReportMeta:
             raise UsageError(f"report meta: options must be a mapping, found {type(self.options).__name__}")
         # Normalise to what JSON gives back, so a loaded report equals the written one.
         object.__setattr__(self, "options", _json_normal(dict(self.options), "report meta options"))
+        if self.imatrix is not None:
+            object.__setattr__(self, "imatrix", _json_normal(dict(self.imatrix), "report meta imatrix"))
 
     def to_dict(self) -> dict:
         return {
@@ -99,6 +103,7 @@ class ReportMeta:
             "formats": list(self.formats),
             "k3ckpt_version": self.k3ckpt_version,
             "options": dict(self.options),
+            **({} if self.imatrix is None else {"imatrix": dict(self.imatrix)}),
         }
 
     @classmethod
@@ -110,6 +115,7 @@ class ReportMeta:
             source_commit=None if commit is None else str(commit),
             k3ckpt_version=str(d["k3ckpt_version"]),
             options=d.get("options", {}),
+            imatrix=d.get("imatrix"),
         )
 
 
@@ -131,6 +137,10 @@ class Aggregate:
     zero_fraction: float        # source zero codes / weights (params-weighted)
     code_histogram: tuple[int, ...]   # summed; () when tensors disagree on the code count
     scale_changes: int | None   # summed over tensors that report it; None if none do
+    # --imatrix: the tensors with an importance entry, and their weighted sums (metrics.weighted_sums)
+    weighted_tensors: int = 0
+    sum_wref_sq: float = 0.0
+    sum_werr_sq: float = 0.0
 
     @property
     def bpw(self) -> float:
@@ -140,6 +150,11 @@ class Aggregate:
     @property
     def snr_db(self) -> float:
         return snr_from_sums(self.sum_ref_sq, self.sum_err_sq)
+
+    @property
+    def weighted_snr_db(self) -> float | None:
+        """Importance-weighted SNR of the tensors with an importance entry; None without any."""
+        return snr_from_sums(self.sum_wref_sq, self.sum_werr_sq) if self.weighted_tensors else None
 
     @property
     def rel_mse(self) -> float:
@@ -199,6 +214,9 @@ class Aggregate:
             code_histogram=list(self.code_histogram),
             scale_changes=self.scale_changes,
         )
+        if self.weighted_tensors:   # only in --imatrix runs, so other reports read as before
+            out.update(weighted_tensors=self.weighted_tensors, weighted_snr_db=_float_out(self.weighted_snr_db),
+                       sum_wref_sq=_float_out(self.sum_wref_sq), sum_werr_sq=_float_out(self.sum_werr_sq))
         return out
 
 
@@ -209,7 +227,7 @@ def _terms(r: TensorResult) -> tuple:
     # Sums recovered from the tensor's ErrorStats (definitions in metrics.py).
     return (r.params, r.bytes, n, s.nonfinite, n * s.ref_rms * s.ref_rms, n * s.err_rms * s.err_rms,
             n * s.mean_bias, s.max_abs, r.max_row_bias, r.source_zero_fraction * r.params,
-            r.code_histogram, r.scale_changes)
+            r.code_histogram, r.scale_changes, r.weighted)
 
 
 def _pool(terms: list[tuple], key: tuple) -> Aggregate:
@@ -217,7 +235,8 @@ def _pool(terms: list[tuple], key: tuple) -> Aggregate:
         return Aggregate(key=tuple(key), tensors=0, params=0, bytes=0, count=0, nonfinite=0, sum_ref_sq=0.0,
                          sum_err_sq=0.0, sum_err=0.0, max_abs=0.0, max_row_bias=0.0, zero_fraction=0.0,
                          code_histogram=(), scale_changes=None)
-    (params, nbytes, count, bad, sxx, see, se, maxabs, rowbias, zeros, hists, changes) = zip(*terms)
+    (params, nbytes, count, bad, sxx, see, se, maxabs, rowbias, zeros, hists, changes, weighted) = zip(*terms)
+    weighted = [w for w in weighted if w is not None]
     params_total = sum(params)
     hist_lens = {len(h) for h in hists}
     if len(hist_lens) == 1 and 0 not in hist_lens:
@@ -241,6 +260,9 @@ def _pool(terms: list[tuple], key: tuple) -> Aggregate:
         zero_fraction=math.fsum(zeros) / params_total if params_total else 0.0,
         code_histogram=hist,
         scale_changes=sum(changed) if changed else None,
+        weighted_tensors=len(weighted),
+        sum_wref_sq=math.fsum(w[0] for w in weighted),
+        sum_werr_sq=math.fsum(w[1] for w in weighted),
     )
 
 
@@ -379,9 +401,7 @@ def build_report(results: Iterable[TensorResult], meta: ReportMeta | Mapping[str
     terms = [_terms(r) for r in rs]
     by_expert = _grouped(rs, terms, lambda r: None if r.layer is None or r.expert is None else (r.layer, r.expert))
     if not meta.formats:
-        meta = ReportMeta(source=meta.source, formats=tuple(sorted({r.format for r in rs})),
-                          source_commit=meta.source_commit, k3ckpt_version=meta.k3ckpt_version,
-                          options=meta.options)
+        meta = replace(meta, formats=tuple(sorted({r.format for r in rs})))
     return RequantReport(
         meta=meta,
         tensors=rs,

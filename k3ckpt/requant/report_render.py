@@ -39,13 +39,41 @@ def _summary_cells(label: str, a: Aggregate) -> list[str]:
 
 
 def summary_rows(report: RequantReport) -> list[list[str]]:
-    """Overall, then each format and each projection (only when there is more than one)."""
-    rows = [_summary_cells("all", report.overall)]
+    """Overall, then each format and each projection (only when there is more than one); with
+    an importance matrix, the weighted SNR as a last column (``summary_headers``)."""
+    weighted = report.overall.weighted_tensors > 0
+
+    def cells(label: str, a: Aggregate) -> list[str]:
+        row = _summary_cells(label, a)
+        return row + [fmt_db(a.weighted_snr_db) if a.weighted_tensors else "-"] if weighted else row
+
+    rows = [cells("all", report.overall)]
     for section, label in (("by_format", "format"), ("by_projection", "projection")):
         groups = getattr(report, section)
         if len(groups) > 1 or (groups and groups[0].tensors != report.overall.tensors):
-            rows += [_summary_cells(f"{label} {a.key[0]}", a) for a in groups]
+            rows += [cells(f"{label} {a.key[0]}", a) for a in groups]
     return rows
+
+
+def summary_headers(report: RequantReport) -> tuple[str, ...]:
+    return SUMMARY_HEADERS + (("weighted SNR dB",) if report.overall.weighted_tensors else ())
+
+
+def importance_line(report: RequantReport) -> str:
+    """What the run's errors are weighted by: the importance matrix (file, datasets, chunks,
+    weights without an entry), or that there was none."""
+    m, o = report.meta.imatrix, report.overall
+    if not m:
+        return "none: errors are unweighted and the encoders weigh every column alike (give --imatrix FILE)"
+    data = ", ".join(m.get("datasets") or []) or "datasets not recorded"
+    chunks = f"{m.get('chunk_count', 0):,} chunks" + (f" of {m['chunk_size']:,}" if m.get("chunk_size") else "")
+    text = (f"{m.get('file')} ({m.get('kind')}; {data}; {chunks}): weighted SNR {fmt_db(o.weighted_snr_db)} dB "
+            f"over {o.weighted_tensors:,} tensor(s)")
+    missing = int(m.get("weights_without_entry", 0))
+    if missing:
+        first = ", ".join(m.get("without_entry", [])[:3])
+        text += f"; {missing:,} weight(s) had no entry (all-ones weights), e.g. {first}"
+    return text
 
 
 def layer_rows(report: RequantReport) -> list[list[str]]:
@@ -176,10 +204,10 @@ def render_markdown(report: RequantReport, *, svg_name: str | None = "requant_re
         "",
         "## Summary",
         "",
-        md_table(summary_rows(report), SUMMARY_HEADERS),
+        md_table(summary_rows(report), summary_headers(report)),
         "",
     ]
-    extra = []
+    extra = [f"- importance: {importance_line(report)}"]
     codes = code_line(o)
     if codes:
         extra.append(f"- output codes: {codes}")
@@ -216,6 +244,7 @@ def render_text(report: RequantReport) -> str:
         f"error         SNR {fmt_db(o.snr_db)} dB, rel RMS {fmt_g(o.rel_rms)}, bias/RMS "
         f"{fmt_g(o.bias_rel_rms, signed=True)}, max abs {fmt_g(o.max_abs)}, max row bias {fmt_g(o.max_row_bias)}",
     ]
+    lines.append(f"importance    {importance_line(report)}")
     ref = reference_line(report)
     if ref:
         lines.append(f"reference     {ref}")
@@ -226,7 +255,7 @@ def render_text(report: RequantReport) -> str:
         lines.append(f"scales        {o.scale_changes:,} block scale(s) changed from the source")
     if o.nonfinite:
         lines.append(f"nonfinite     {o.nonfinite:,} value(s) left out as NaN/inf")
-    lines += ["", table(summary_rows(report), SUMMARY_HEADERS)]
+    lines += ["", table(summary_rows(report), summary_headers(report))]
     if report.by_layer:
         snrs = [a for a in report.by_layer]
         lo = min(snrs, key=lambda a: a.snr_db)

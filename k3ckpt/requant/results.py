@@ -60,6 +60,16 @@ class TensorResult:
     source_zero_fraction: float   # fraction of E2M1 zero codes (+0/-0) in the source
     code_histogram: tuple[int, ...]  # counts per output code value (4 for 2-bit formats), () if n/a
     scale_changes: int | None        # blocks whose E8M0 exponent differs from the source (moet refit), else None
+    # --imatrix: (sum w x^2, sum w e^2) over the weight, w its importance per column
+    # (metrics.weighted_sums); None without an importance entry for it
+    weighted: tuple[float, float] | None = None
+
+    @property
+    def weighted_snr_db(self) -> float | None:
+        """The importance-weighted SNR (dB), or None without an importance entry."""
+        from .metrics import snr_from_sums
+
+        return None if self.weighted is None else snr_from_sums(*self.weighted)
 
     @property
     def bpw(self) -> float:
@@ -81,6 +91,9 @@ class TensorResult:
             "source_zero_fraction": _float_out(self.source_zero_fraction),
             "code_histogram": list(self.code_histogram),
             "scale_changes": self.scale_changes,
+            **({} if self.weighted is None else {
+                "weighted": [_float_out(v) for v in self.weighted],
+                "weighted_snr_db": _float_out(self.weighted_snr_db)}),
         }
 
     @classmethod
@@ -99,4 +112,5 @@ class TensorResult:
             source_zero_fraction=_float_in(d["source_zero_fraction"]),
             code_histogram=tuple(int(c) for c in d.get("code_histogram", ())),
             scale_changes=None if d.get("scale_changes") is None else int(d["scale_changes"]),
+            weighted=None if d.get("weighted") is None else tuple(_float_in(v) for v in d["weighted"]),
         )

@@ -41,16 +41,26 @@ def _code_histogram(fmt, parts) -> tuple[int, ...]:
     return code_histogram(parts["packed"])
 
 
-def _encode(fmt, method: str | None, packed, scale, name: str):
+def _encode(fmt, method: str | None, packed, scale, name: str, imatrix=None):
+    weights = {"imatrix": imatrix} if imatrix is not None and fmt.info.weighted else {}
     if fmt.info.mxfp4_codes:
         if fmt.info.methods:
             return fmt.from_mxfp4(packed, scale, method=fmt.check_method(method, name=name), name=name)
-        return fmt.from_mxfp4(packed, scale, name=name)
+        return fmt.from_mxfp4(packed, scale, name=name, **weights)
     from ..formats import get_format
 
     # Formats that encode from floats: the decoded MXFP4 values are their input.
     src = get_format(ids.MXFP4_PACK).decode({"packed": packed, "scale": scale}, name=name)
-    return fmt.encode(src, name=name)
+    return fmt.from_float(src, name=name, **weights) if weights else fmt.encode(src, name=name)
+
+
+def _weighted(ref, out, imatrix):
+    """``metrics.weighted_sums`` of a weight with an importance entry, else None."""
+    if imatrix is None:
+        return None
+    from .metrics import weighted_sums
+
+    return weighted_sums(ref, out, imatrix)
 
 
 def _error(ref: np.ndarray, out: np.ndarray):
@@ -68,8 +78,11 @@ def _relative(top: float, stats) -> float:
 
 def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: str | None = None, *,
                    name: str, layer: int | None = None, expert: int | None = None,
-                   projection: str | None = None) -> tuple[dict[str, np.ndarray], TensorResult]:
+                   projection: str | None = None, imatrix=None) -> tuple[dict[str, np.ndarray], TensorResult]:
     """MXFP4 pair layout (packed U8 [N, K/2], scale U8 [N, K/32]) -> ``format`` parts and the result record.
+
+    ``imatrix``: float32 ``[K]`` importance per column, or None.  Given, a weighted encoder
+    (``FormatInfo.weighted``) weighs its error by it, and the result carries the weighted error.
 
     Raises ``NaNScaleError`` (naming the weight) for E8M0 0xFF scales and
     ``ShapeError`` for arrays that do not fit 32-element blocks."""
@@ -90,12 +103,16 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
         # One pass: the same parts and numbers as the general path below, bit for bit (moet_fused).
         m = one_pass(p, s, fmt.check_method(method, name=name), name=name)
         parts = {"packed": m.codes, "scale": m.scale}
+        weighted = None if imatrix is None else _weighted(
+            get_format(ids.MXFP4_PACK).decode({"packed": p, "scale": s}, name=name), fmt.decode(parts, name=name),
+            imatrix)
         return parts, TensorResult(
             **ident, bytes=m.codes.nbytes + m.scale.nbytes, stats=m.stats,
             max_row_bias=_relative(m.max_row_bias, m.stats),
             source_zero_fraction=m.source_zeros / (2 * p.size) if p.size else 0.0,
-            code_histogram=m.code_histogram, scale_changes=m.scale_changes if method == "refit" else None)
-    parts = _encode(fmt, method, p, s, name)
+            code_histogram=m.code_histogram, scale_changes=m.scale_changes if method == "refit" else None,
+            weighted=weighted)
+    parts = _encode(fmt, method, p, s, name, imatrix)
     src = get_format(ids.MXFP4_PACK).decode({"packed": p, "scale": s}, name=name)
     out = fmt.decode(parts, name=name)
     stats, max_row_bias = _error(src, out)
@@ -103,14 +120,15 @@ def requant_weight(packed: np.ndarray, scale: np.ndarray, format: str, method: s
     result = TensorResult(
         **ident, bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,
         max_row_bias=max_row_bias, source_zero_fraction=zeros / (2 * p.size) if p.size else 0.0,
-        code_histogram=_code_histogram(fmt, parts), scale_changes=None)
+        code_histogram=_code_histogram(fmt, parts), scale_changes=None, weighted=_weighted(src, out, imatrix))
     return parts, result
 
 
 def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, name: str,
                    layer: int | None = None, expert: int | None = None,
-                   projection: str | None = None) -> tuple[dict[str, np.ndarray], TensorResult]:
-    """Decoded source values ``x`` (float32 [N, K]) -> ``format`` parts and the result record.
+                   projection: str | None = None, imatrix=None) -> tuple[dict[str, np.ndarray], TensorResult]:
+    """Decoded source values ``x`` (float32 [N, K]) -> ``format`` parts and the result record
+    (``imatrix`` as in ``requant_weight``).
 
     ``source_zero_fraction`` is the fraction of exact zeros in ``x``; ``scale_changes`` (moet-w2
     refit) counts blocks whose exponent differs from the MXFP4 encoding of ``x``."""
@@ -122,10 +140,13 @@ def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, nam
     fmt = get_format(format)
     mx_scale = None
     if fmt.info.can_encode:
-        parts = fmt.encode(x, name=name)
+        if imatrix is not None and fmt.info.weighted:
+            parts = fmt.from_float(x, imatrix=imatrix, name=name)
+        else:
+            parts = fmt.encode(x, name=name)
     elif fmt.info.mxfp4_codes:
         packed, mx_scale = encode_pair(x, name=name)   # bit-exact OCP MXFP4 first, then the 2-bit encoder
-        parts = _encode(fmt, method, packed, mx_scale, name)
+        parts = _encode(fmt, method, packed, mx_scale, name, imatrix)
     else:
         raise UsageError(f"format {format} cannot be written", tensor=name)
     out = fmt.decode(parts, name=name).reshape(x.shape)
@@ -136,7 +157,8 @@ def requant_floats(x: np.ndarray, format: str, method: str | None = None, *, nam
         params=int(x.size), bytes=int(sum(np.asarray(a).nbytes for a in parts.values())), stats=stats,
         max_row_bias=max_row_bias, source_zero_fraction=float(np.count_nonzero(x == 0)) / x.size if x.size else 0.0,
         code_histogram=_code_histogram(fmt, parts),
-        scale_changes=int(np.count_nonzero(parts["scale"] != mx_scale)) if refit else None)
+        scale_changes=int(np.count_nonzero(parts["scale"] != mx_scale)) if refit else None,
+        weighted=_weighted(x, out, imatrix))
     return parts, result
 
 
@@ -168,15 +190,16 @@ def source_values(ckpt, w, arrays=None) -> np.ndarray:
     return join_rows([decode_slice(ckpt, s, name=w.name) for s in w.sources])
 
 
-def compute(ckpt, w, arrays=None):
-    """(index, parts, result) of planned weight ``w``, read from ``ckpt`` unless ``arrays`` are given."""
+def compute(ckpt, w, arrays=None, imatrix=None):
+    """(index, parts, result) of planned weight ``w``, read from ``ckpt`` unless ``arrays`` are
+    given; ``imatrix``: its importance per column (``importance.Importance.columns``) or None."""
     if not w.from_mxfp4:
         parts, result = requant_floats(source_values(ckpt, w, arrays), w.format, w.method, name=w.name,
-                                       layer=w.layer, expert=w.expert, projection=w.projection)
+                                       layer=w.layer, expert=w.expert, projection=w.projection, imatrix=imatrix)
         return w.index, parts, result
     packed, scale = arrays if arrays is not None else read_source(ckpt, w)
     parts, result = requant_weight(packed, scale, w.format, w.method, name=w.name, layer=w.layer,
-                                   expert=w.expert, projection=w.projection)
+                                   expert=w.expert, projection=w.projection, imatrix=imatrix)
     return w.index, parts, result
 
 
@@ -231,13 +254,13 @@ def init_worker(src_path: str | None, parent_pid: int | None = None) -> None:
         _CKPT = open_checkpoint(src_path)
 
 
-def run_task(w, arrays=None, targets=None, keep_parts: bool = True):
+def run_task(w, arrays=None, targets=None, keep_parts: bool = True, imatrix=None):
     """Pool entry point (module level, so a worker finds it by name).
 
     ``targets`` maps output roles to (file, offset) from ``ShardedWriter.place``: those parts
     are written there and left out of the answer, so their bytes never cross the pipe;
     ``keep_parts=False`` leaves out every part (a pass that only measures)."""
-    index, parts, result = compute(_CKPT, w, arrays)
+    index, parts, result = compute(_CKPT, w, arrays, imatrix)
     if targets:
         for role, (path, offset) in targets.items():
             write_at(path, offset, parts.pop(role))

@@ -193,7 +193,7 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
          workers: int | None = None, resume: bool = False, dry_run: bool = False,
          max_disk: int | str | None = None, staging: str | os.PathLike | None = None, keep_source: bool = False,
          report: str | os.PathLike | None = None, progress: bool = False,
-         imatrix: str | os.PathLike | None = None):
+         imatrix: str | os.PathLike | None = None, ray: str | None = None):
     """Write a GGUF file (or splits) that llama.cpp runs (``kimi-k3``; ``deepseek2`` from Kimi K2 /
     DeepSeek-V3), with ``PREFIX.k3ckpt-manifest.json`` beside it (``GGUFResult``; docs/gguf.md).
 
@@ -224,6 +224,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         progress: a tqdm bar on stderr.
         imatrix: a llama.cpp importance matrix (as ``requant``'s): the ``q2_k`` and ``iq2_xxs``
             encoders weigh their error by it; the report gives weighted errors beside plain ones.
+        ray: encode the routed experts on a Ray cluster (``HOST:PORT`` or ``auto``; as ``requant``'s).
+            Local sources only for now; the file is the same bytes.
     """
     import dataclasses
 
@@ -240,12 +242,16 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import gguf_from_hub
 
+        if ray is not None:
+            raise UsageError("--ray with an hf:// source is not supported yet: download it to a path every "
+                             "node sees first")
+
         run = gguf_from_hub(str(src), out, resume=resume, dry_run=dry_run, workers=workers, progress=progress,
                             report=report, **stage, **options)
         return dataclasses.replace(run.result, hub={**run.facts(), "side_files": list(run.side_files)})
     with open_source(src) as ckpt:
         return write_gguf(ckpt, out, workers=workers, resume=resume, dry_run=dry_run, report=report,
-                          progress=progress, **options)
+                          progress=progress, ray=ray, **options)
 
 
 @_for_python
@@ -255,7 +261,7 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
             resume: bool = False, max_shard_size: int | str | None = None, max_disk: int | str | None = None,
             staging: str | os.PathLike | None = None, keep_source: bool = False, push_to: str | None = None,
             private: bool = False, push_revision: str | None = None, progress: bool = False,
-            on_compile=None, imatrix: str | os.PathLike | None = None):
+            on_compile=None, imatrix: str | os.PathLike | None = None, ray: str | None = None):
     """Requantize the routed experts of ``src`` into ``dst`` (``RequantResult``; docs/requant.md).
 
     Args:
@@ -285,6 +291,9 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
         imatrix: a llama.cpp importance matrix (``llama-imatrix`` GGUF or legacy ``.dat``):
             weighted encoders (``gguf-q2_k``, ``gguf-iq2_xxs``) weigh their error by it, and
             the report gives each weight's weighted SNR beside the plain one.
+        ray: run the weights on a Ray cluster: its head's ``HOST:PORT`` or ``auto``
+            (``pip install 'k3ckpt[ray]'``; docs/ray.md). Source and ``dst`` must be paths every
+            node sees; the bytes are those of a local run.  ``result.cluster`` has per-node figures.
 
     The result carries what happened around the pipeline: ``hub`` (staging facts of an
     ``hf://`` run), ``budget`` and ``pushed``.
@@ -303,6 +312,8 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
         options["on_compile"] = on_compile
     if imatrix is not None:
         options["imatrix"] = imatrix
+    if ray is not None:
+        options["ray"] = ray
     if stage is not None and not dry_run:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import requant_from_hub
 

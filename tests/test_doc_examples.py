@@ -93,10 +93,15 @@ class Runner:
         if any(a.startswith("hf://") for a in args) or "--push-to-hub" in args:
             self.skipped.append(f"{line}  (needs the Hub)")
             return None
+        if "--ray" in args:      # tests/test_ray.py runs --ray on a local cluster
+            self.skipped.append(f"{line}  (needs a Ray cluster)")
+            return None
         bound: list[str] = []
         positional = 0
-        for a in args:
-            if a.startswith("/tmp/"):       # a reader's scratch path: keep it inside this test's folder
+        for i, a in enumerate(args):
+            if i and args[i - 1] == "--imatrix":   # an importance matrix made for the fixture
+                a = str(self._imatrix())
+            elif a.startswith("/tmp/"):       # a reader's scratch path: keep it inside this test's folder
                 a = a[len("/tmp/"):]
             if a in ("SRC", "PATH"):
                 a = str(self.src)
@@ -113,6 +118,26 @@ class Runner:
                 positional += 1
             bound.append(a)
         return bound
+
+    def _imatrix(self) -> Path:
+        """An importance matrix covering the fixture's routed experts, named as llama-imatrix
+        names them (``blk.L.ffn_*_exps.weight``, one row per expert)."""
+        path = self.cwd / "fixture.imatrix.gguf"
+        if not path.exists():
+            import numpy as np
+
+            from k3ckpt import api
+            from k3ckpt.requant.importance import entry_name
+            from test_imatrix import write_gguf
+
+            shapes: dict[str, list[int]] = {}
+            for w in api.requant(self.src, self.cwd / "unused", format="gguf-q2_k", dry_run=True).plan.weights:
+                n = shapes.setdefault(entry_name(w.layer, w.expert, w.projection), [0, w.shape[1]])
+                n[0] = max(n[0], w.expert + 1)
+            rng = np.random.default_rng(0)
+            write_gguf(path, {name: (rng.lognormal(0, 1, (e, k)).astype(np.float32), np.ones(e, np.float32))
+                              for name, (e, k) in shapes.items()})
+        return path
 
     def _output(self, cmd: str, args: list[str]) -> str:
         """A writer's DST: its earlier one to resume, else a new folder; a dry run's is not kept

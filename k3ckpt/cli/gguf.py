@@ -30,6 +30,9 @@ from .source import hub_option, source_argument
 @click.option("--imatrix", "imatrix", default=None, metavar="FILE",
               help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the q2_k and iq2_xxs "
                    "encoders weigh their error by it; the report gives weighted errors beside plain ones.")
+@click.option("--ray", "ray", default=None, metavar="ADDRESS|auto",
+              help="Encode the routed experts on a Ray cluster (its head's HOST:PORT, or auto); SRC and OUT must "
+                   "be paths every node sees. Same bytes as a local run. Needs pip install 'k3ckpt[ray]'.")
 @click.option("--fallback-type", "fallback_type", default=None, metavar="TYPE",
               help="Type of a tensor whose rows the asked-for type cannot hold (IQ2_XS needs multiples of 256).")
 @click.option("--chat-template", "chat_template", default=None, metavar="FILE",
@@ -52,7 +55,7 @@ from .source import hub_option, source_argument
               help="Print the files, types, bytes, free space and a time estimate; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, fallback_type, chat_template,
+def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, ray, fallback_type, chat_template,
             split_max_size, workers, resume, max_disk, staging, keep_source, report, dry_run, as_json, quiet):
     """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
     model; Kimi K2 / DeepSeek-V3 (block FP8, K2-Thinking's INT4) as deepseek2; gpt-oss (MXFP4).
@@ -82,7 +85,7 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, fa
                       chat_template=chat_template, workers=workers,
                       resume=resume, dry_run=dry_run, report=report, max_disk=max_disk, staging=staging,
                       keep_source=keep_source, progress=not quiet and not dry_run and sys.stderr.isatty(),
-                      imatrix=imatrix)
+                      imatrix=imatrix, ray=ray)
     if as_json:
         echo_json(result.to_dict())
         return

@@ -44,6 +44,9 @@ def hub_summary(run) -> str:
                    "gguf-iq2_xxs encoders weigh their error by it, and the report gives the weighted SNR "
                    "of every weight it covers beside the plain one.")
 @click.option("--workers", type=int, default=None, help="Worker processes (default: CPU count).")
+@click.option("--ray", "ray", default=None, metavar="ADDRESS|auto",
+              help="Compute the weights on a Ray cluster (its head's HOST:PORT, or auto); SRC and DST must be "
+                   "paths every node sees. Same bytes as a local run. Needs pip install 'k3ckpt[ray]'.")
 @click.option("--max-shard-size", "max_shard_size", default="5GB", show_default=True, metavar="SIZE",
               help="Largest output shard (tensor bytes), with a unit (5GB, 500MB, 2GiB). The output is "
                    "re-sharded to this size, as transformers' save_pretrained does; the source's shard "
@@ -66,8 +69,9 @@ def hub_summary(run) -> str:
                    "hf://ORG/NAME@REV or --revision REV.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no kernel-compile note.")
-def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, imatrix, workers, max_shard_size, report_path,
-            dry_run, resume, max_disk, staging, keep_source, push_to, private, push_revision, as_json, quiet):
+def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, imatrix, workers, ray, max_shard_size,
+            report_path, dry_run, resume, max_disk, staging, keep_source, push_to, private, push_revision, as_json,
+            quiet):
     """Write DST: SRC with its routed-expert weights requantized to FORMAT.
 
     SRC's routed experts may be MXFP4, block FP8, INT4 pack-quantized, NVFP4
@@ -90,7 +94,7 @@ def command(src, dst, fmt, layout, experts, tensor_type, target_bpw, imatrix, wo
                          dry_run=dry_run, resume=resume, max_disk=max_disk, staging=staging,
                          keep_source=keep_source, push_to=push_to, private=private, push_revision=push_revision,
                          progress=not quiet and not as_json and sys.stderr.isatty(),
-                         on_compile=None if quiet else _compile_note, imatrix=imatrix)
+                         on_compile=None if quiet else _compile_note, imatrix=imatrix, ray=ray)
     budget, hub_run, pushed = result.budget, result.hub, result.pushed
     if as_json:
         echo_json(result.to_dict())
@@ -168,6 +172,10 @@ def _print_summary(result, spec: str) -> None:
                    f"average {a['bpw']:.4f} bits per weight")
     if worst is not None:
         click.echo(f"worst: {worst.name} {worst.stats.snr_db:.2f} dB")
+    if result.cluster is not None:
+        nodes = result.cluster["nodes"]
+        click.echo(f"ray {result.cluster['address']}: {sum(n['tasks'] for n in nodes):,} task(s) on {len(nodes)} "
+                   f"node(s), {result.cluster['workers']} CPU(s)")
     if result.report:
         click.echo(f"report: {result.report}/requant_report.md (picture: requant_report.svg)")
 

@@ -58,6 +58,7 @@ class GGUFResult:
     report: Path | None = None         # folder of requant_report.{json,md,svg}: the routed experts' error
     snr_db: float | None = None        # the routed experts' pooled SNR against the source values
     weighted_snr_db: float | None = None   # --imatrix: the same, importance-weighted (experts with an entry)
+    cluster: dict | None = None        # --ray: the address and, per node, tasks / busy s / source bytes
 
     def __repr__(self) -> str:
         verb = "would write" if self.dry_run else "wrote"
@@ -74,7 +75,8 @@ class GGUFResult:
                 "hub": self.hub, "max_disk": self.budget,
                 "report": str(self.report) if self.report is not None else None,
                 "snr_db": _float_out(self.snr_db) if self.snr_db is not None else None,
-                "weighted_snr_db": _float_out(self.weighted_snr_db) if self.weighted_snr_db is not None else None}
+                "weighted_snr_db": _float_out(self.weighted_snr_db) if self.weighted_snr_db is not None else None,
+                **({} if self.cluster is None else {"ray": self.cluster})}
 
 
 def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None, tensor_type=(),
@@ -134,15 +136,21 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
                resume: bool = False, workers: int | None = 1, tensor_type=(), target_bpw: float | None = None,
                fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
                vocab_dir: str | os.PathLike | None = None, report: str | os.PathLike | None = None,
-               imatrix: str | os.PathLike | None = None) -> GGUFResult:
+               imatrix: str | os.PathLike | None = None, ray: str | None = None) -> GGUFResult:
     """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``, with its manifest beside it
     (``run``: resumable split by split, experts encoded by ``workers`` processes; the bytes depend on
     neither).  ``dry_run``: the files, tensors and bytes it would write, the free space and a time
     estimate; nothing is written.  ``vocab_dir``: the folder holding the vocabulary files when it is
     not ``ckpt.root`` (an ``hf://`` source's fetched side files).  ``imatrix``: a llama.cpp
-    importance matrix for the weighted encoders and the report (``requant.importance``)."""
+    importance matrix for the weighted encoders and the report (``requant.importance``); ``ray``:
+    a Ray cluster (``HOST:PORT`` or ``auto``) that encodes the experts (``raypool``)."""
     from .run import dry_result, estimate, plan_job, precheck, resolve_workers, run_job, with_root
 
+    if ray is not None and not dry_run:
+        from ..raypool import cluster_cpus, connect
+
+        connect(ray)
+        workers = cluster_cpus() if workers is None else workers
     n = resolve_workers(workers)
     view = with_root(ckpt, vocab_dir)
     if not dry_run:
@@ -153,4 +161,4 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
                    chat_template=chat_template, measure=not dry_run, progress=progress, imatrix=imatrix)
     if dry_run:
         return dry_result(job, estimate(view, job, n))
-    return run_job(view, job, resume=resume, workers=n, report=report, progress=progress)
+    return run_job(view, job, resume=resume, workers=n, report=report, progress=progress, ray=ray)

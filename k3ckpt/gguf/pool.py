@@ -18,6 +18,7 @@ path) and the worker opens the files itself; only a source without local files
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
@@ -139,14 +140,19 @@ class ExpertRunner:
     (a run of expert tensors that come one after another in the file); ``measure``: each piece
     carries its report row."""
 
-    def __init__(self, ckpt, workers: int, *, measure: bool = False, importance=None):
+    def __init__(self, ckpt, workers: int, *, measure: bool = False, importance=None, ray: bool = False):
         self.files = SourceFiles(ckpt)
+        self.ray = ray                  # a joined Ray cluster computes the experts (raypool)
         self.importance = importance    # requant.importance.Importance (--imatrix) or None
         self.workers = workers
         self.measure = measure
         self._pool = None
 
     def _executor(self):
+        if self._pool is None and self.ray:
+            from ..raypool import RayPool
+
+            self._pool = RayPool()
         if self._pool is None:
             from concurrent.futures import ProcessPoolExecutor
 
@@ -173,8 +179,14 @@ class ExpertRunner:
             if entries is None:
                 arrays = {n: self.files.ckpt.read_raw(n) for n in sub.recipe.sources}
             try:
-                future = self._executor().submit(run_task, sub, e, entries, arrays, self.measure,
-                                                 expert_importance(self.importance, p, e))
+                task = (run_task, sub, e, entries, arrays, self.measure, expert_importance(self.importance, p, e))
+                if self.ray:   # an expert's decoded floats, its encoding and the interpreter
+                    weights = math.prod(sub.info.shape)
+                    future = self._executor().submit(*task, memory=16 * weights + 256 * 2**20,
+                                                     units=sum(self.files.ckpt.tensors[n].nbytes
+                                                               for n in sub.recipe.sources))
+                else:
+                    future = self._executor().submit(*task)
             except BrokenProcessPool:
                 raise _lost(p.info.name) from None
             pending.append((p, e, shards, future))
@@ -191,6 +203,10 @@ class ExpertRunner:
                 yield from submit()
             if pending:
                 yield drain()
+
+    def node_stats(self) -> list[dict]:
+        """Per Ray node: tasks, busy seconds, source bytes (empty for a local pool)."""
+        return self._pool.stats() if self.ray and self._pool is not None else []
 
     def close(self) -> None:
         if self._pool is not None:

@@ -314,10 +314,11 @@ def output_files(job: Job) -> list[Path]:
 
 
 def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: str | os.PathLike | None = None,
-            progress: bool = False, after_tensor: Callable[[int], None] | None = None):
+            progress: bool = False, after_tensor: Callable[[int], None] | None = None, ray: str | None = None):
     """Write ``job``'s files (module docstring) and the routed experts' error report (``report``:
     its folder, default ``default_report_dir``); ``after_tensor(i)`` is called once planned tensor
-    ``i`` is written (or kept from an earlier run), so a staged source can release what only it read."""
+    ``i`` is written (or kept from an earlier run), so a staged source can release what only it read.
+    ``ray``: the address of a joined Ray cluster (``raypool.connect``) that computes the experts."""
     from tqdm import tqdm
 
     from ..io.writer import free_space_for
@@ -349,14 +350,14 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
     planned = job.planned
     after = after_tensor or (lambda i: None)
     runner = None
-    if workers > 1 and any(p.recipe.kind == "experts" for p in planned):
+    if (workers > 1 or ray is not None) and any(p.recipe.kind == "experts" for p in planned):
         from .pool import ExpertRunner
 
         first = next((p for p in planned if p.recipe.kind == "experts" and p.info.ggml_type == IQ2_XS), None)
-        if first is not None and _iq2xs_cold():
+        if first is not None and ray is None and _iq2xs_cold():
             # compiled here once and cached (about 33 s), not by every worker at once on a first run
             _timed(ckpt, first, 1)
-        runner = ExpertRunner(ckpt, workers, measure=True, importance=job.importance)
+        runner = ExpertRunner(ckpt, workers, measure=True, importance=job.importance, ray=ray is not None)
     kept = sum(sizes[n] for n in done)
     try:
         with writer, tqdm(total=job.total_size, initial=kept, unit="B", unit_scale=True, desc="gguf",
@@ -394,6 +395,7 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
                         bar.update(len(data))
                 after(i)
                 i += 1
+        nodes = runner.node_stats() if runner is not None else []
     finally:
         if runner is not None:
             runner.close()
@@ -404,7 +406,8 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
     manifest.finish(splits=len(job.files), tensors=len(planned), bytes=job.total_size, seconds=round(seconds, 3))
     return GGUFResult(job.paths, len(planned), job.total_size, job.bytes_by_type(), job.skipped,
                       resumed=tuple(done), seconds=seconds, workers=workers, manifest=manifest.path,
-                      report=report_dir, snr_db=snr, weighted_snr_db=wsnr)
+                      report=report_dir, snr_db=snr, weighted_snr_db=wsnr,
+                      cluster=None if ray is None else {"address": ray, "workers": workers, "nodes": nodes})
 
 
 def resolve_workers(workers: int | None) -> int:

@@ -76,7 +76,7 @@ class _Runner:
     with at most ``2 x workers`` in flight; ``next()`` returns (index, parts, result)."""
 
     def __init__(self, ckpt, weights, workers: int, src_path: str | None, place=None, keep_parts: bool = True,
-                 importance=None):
+                 importance=None, ray: bool = False):
         from . import worker as wk
 
         self._importance = importance   # importance.Importance (--imatrix) or None
@@ -88,7 +88,7 @@ class _Runner:
         self._keep_parts = keep_parts
         self._queue = iter(weights)
         self._pending: deque = deque()
-        self._pool = _pool(workers, src_path, len(weights))
+        self._pool = _pool(workers, src_path, len(weights), ray=ray)
         for _ in range(1 if self._pool is None else 2 * workers):
             self._submit()
 
@@ -102,7 +102,9 @@ class _Runner:
         arrays = None if self._src_path is not None else self._wk.read_source(self._ckpt, w)
         targets = None if self._place is None else self._place(w)
         try:
-            future = self._pool.submit(self._wk.run_task, w, arrays, targets, self._keep_parts, self._columns(w))
+            task = (self._wk.run_task, w, arrays, targets, self._keep_parts, self._columns(w))
+            future = self._pool.submit(*task) if not ray_pool(self._pool) else \
+                self._pool.submit(*task, memory=task_memory(w), units=w.in_bytes)
         except BrokenProcessPool:
             raise _worker_lost(w.name) from None
         self._pending.append((w, future))
@@ -130,20 +132,36 @@ class _Runner:
         self._submit()
         return got
 
+    def node_stats(self) -> list[dict] | None:
+        """Per Ray node: tasks, busy seconds, source bytes (None for a local pool)."""
+        return self._pool.stats() if ray_pool(self._pool) else None
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+def ray_pool(pool) -> bool:
+    from ..raypool import RayPool
+
+    return isinstance(pool, RayPool)
+
+
+def task_memory(w) -> int:
+    """Bytes a weight's task may use, declared to Ray: the decoded source and output floats, the
+    encoder's scratch, and the interpreter (measured peaks are within this; docs/requant.md)."""
+    return 16 * w.params + 2 * w.in_bytes + 256 * 2**20
+
+
 def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool,
-            importance=None) -> dict[int, TensorResult]:
+            importance=None, ray: bool = False) -> dict[int, TensorResult]:
     """Results of ``weights`` without writing anything (the ``--target-bpw`` measurement pass)."""
     from tqdm import tqdm
 
     out: dict[int, TensorResult] = {}
     by_index = {w.index: w for w in weights}
     # results only: no parts back
-    runner = _Runner(ckpt, weights, workers, src_path, keep_parts=False, importance=importance)
+    runner = _Runner(ckpt, weights, workers, src_path, keep_parts=False, importance=importance, ray=ray)
     try:
         with tqdm(total=sum(w.in_bytes for w in weights), unit="B", unit_scale=True, desc="measure",
                   disable=not progress) as bar:
@@ -158,7 +176,7 @@ def measure(ckpt, weights, *, workers: int, src_path: str | None, progress: bool
 
 def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, TensorResult], *, done_shards,
            workers: int, src_path: str | None, progress: bool, max_shard_bytes: int, resume: bool,
-           on_result=None, importance=None) -> list[str]:
+           on_result=None, importance=None, ray: bool = False, node_stats: list | None = None) -> list[str]:
     """Write every output tensor of ``plan`` into ``dst``; fills ``results``; returns the shard names."""
     from tqdm import tqdm
 
@@ -185,7 +203,7 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
             return {role: writer.place(name) for role, name in w.outputs
                     if writer.needs(name) and writer.specs[name].nbytes}
 
-        runner = _Runner(ckpt, todo, workers, src_path, place=place, importance=importance)
+        runner = _Runner(ckpt, todo, workers, src_path, place=place, importance=importance, ray=ray)
         pos = {n: i for i, n in enumerate(ckpt.tensors)}
         drained = [0]
 
@@ -227,6 +245,8 @@ def stream(ckpt, plan: RequantPlan, dst: Path, manifest, results: dict[int, Tens
                     drain_one()
             while runner:
                 drain_one()
+            if node_stats is not None:
+                node_stats.extend(runner.node_stats() or ())
         finally:
             runner.close()
             bar.close()
@@ -265,12 +285,16 @@ def start_pool_server(workers: int) -> None:
         forkserver.ensure_running()
 
 
-def _pool(workers: int, src_path: str | None, tasks: int):
+def _pool(workers: int, src_path: str | None, tasks: int, *, ray: bool = False):
+    from . import worker as wk
+
+    if ray:   # a joined Ray cluster (raypool.connect): tasks run there, whatever their number
+        from ..raypool import RayPool
+
+        return RayPool(initializer=wk.init_worker, initargs=(src_path, None))
     if workers <= 1 or tasks <= 1:
         return None
     from concurrent.futures import ProcessPoolExecutor
-
-    from . import worker as wk
 
     return ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=pool_context(),
                                initializer=wk.init_worker, initargs=(src_path, os.getpid()))

@@ -59,6 +59,7 @@ class RequantResult:
     hub: Any = None                       # an hf:// source: hub.convert.HubRun (staging facts)
     budget: Any = None                    # a dry run with max_disk: hub.staged's disk budget check
     pushed: Any = None                    # push_to: hub.push's upload outcome
+    cluster: dict | None = None           # --ray: the address and, per node, tasks / busy s / source bytes
 
     @property
     def bits_per_weight(self) -> float:
@@ -134,6 +135,8 @@ class RequantResult:
             out["hub"] = self.hub.facts()
         if self.pushed is not None:
             out["pushed"] = self.pushed.to_dict()
+        if self.cluster is not None:
+            out["ray"] = self.cluster
         return out
 
 
@@ -153,7 +156,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                        source_label: str | None = None, target_bpw: float | None = None,
                        on_result: Callable[[TensorResult], None] | None = None,
                        layout: str | None = None,
-                       on_compile: Callable[[float], None] | None = None, imatrix=None) -> RequantResult:
+                       on_compile: Callable[[float], None] | None = None, imatrix=None,
+                       ray: str | None = None) -> RequantResult:
     """Write ``dst``: ``ckpt`` with its routed-expert weights in ``format``.
 
     Sources: MXFP4, block FP8, INT4 pack-quantized, NVFP4 or BF16/F16/F32
@@ -172,16 +176,22 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     ``imatrix``: a llama.cpp importance-matrix file (``importance.py``): weighted encoders
     (``FormatInfo.weighted``) weigh their error by it, and every weight it has an entry for
     reports its weighted error beside the plain one; checked against the plan before anything
-    is written.
+    is written.  ``ray``: a Ray cluster's address (or ``auto``) to compute the weights on
+    (``raypool``); the source and ``dst`` must be paths every node sees.  The bytes are the same.
     """
     t0 = time.perf_counter()
     max_shard_bytes = _SHARD_BYTES if max_shard_bytes is None else int(max_shard_bytes)
     if max_shard_bytes <= 0:
         raise UsageError(f"--max-shard-size must be above zero, found {max_shard_bytes} bytes")
+    if ray is not None and not dry_run:
+        from ..raypool import cluster_cpus, connect
+
+        connect(ray)
+        workers = cluster_cpus() if workers is None else workers
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, found {workers}")
-    if not dry_run:
+    if not dry_run and ray is None:
         from ._stream import start_pool_server
 
         start_pool_server(workers)
@@ -236,8 +246,9 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     source_order = {w.name: w.index for w in plan.weights}
     if target_bpw is not None:
         plan, allocation, kept_results = _allocate(ckpt, plan, manifest, target_bpw, workers=workers,
-                                                   progress=progress, importance=importance, format=format,
-                                                   experts=experts, tensor_type=tensor_type, layout=layout)
+                                                   progress=progress, importance=importance, ray=ray is not None,
+                                                   format=format, experts=experts, tensor_type=tensor_type,
+                                                   layout=layout)
     if compiling and on_compile is not None:
         on_compile(compiling)
     from ._stream import saved_results, stream
@@ -254,9 +265,11 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
             if r.name in by_name:
                 results[by_name[r.name]] = r
 
+    nodes: list = []
     shards = stream(ckpt, plan, dst, manifest, results, done_shards=done, workers=workers,
                     src_path=_local_path(ckpt), progress=progress, max_shard_bytes=max_shard_bytes,
-                    resume=resume, on_result=on_result, importance=importance)
+                    resume=resume, on_result=on_result, importance=importance, ray=ray is not None,
+                    node_stats=nodes)
     ordered = tuple(sorted([results[w.index] for w in plan.weights] + kept_results,
                            key=lambda r: source_order[r.name]))
     _finish_side_files(ckpt, dst, plan, manifest)
@@ -271,7 +284,8 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
                     bits_per_weight=8.0 * plan.out_bytes / plan.params if plan.params else 0.0)
     return RequantResult(str(dst), False, plan, ordered, len(plan.copies), tuple(shards), tuple(done), elapsed,
                          estimate, report, allocation, compile_seconds=compiling,
-                         bytes_written=sum((dst / n).stat().st_size for n in shards))
+                         bytes_written=sum((dst / n).stat().st_size for n in shards),
+                         cluster=None if ray is None else {"address": ray, "workers": workers, "nodes": nodes})
 
 
 # Manifest option keys and the flags that set them (the mismatch message names the flag).
@@ -326,7 +340,7 @@ def _check_resume(dst: Path, options: dict, source: dict) -> None:
 
 
 def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: int, progress: bool,
-              importance=None, **plan_kw):
+              importance=None, ray: bool = False, **plan_kw):
     """Measure every planned weight, choose which stay MXFP4, and re-plan with them kept.  The
     error is the importance-weighted one when every weight has an importance entry (weighted and
     plain errors are in different units, so they are never mixed).
@@ -340,7 +354,7 @@ def _allocate(ckpt, plan: RequantPlan, manifest, target_bpw: float, *, workers: 
     saved = load_state(manifest, state)
     if saved is None:
         measured = measure(ckpt, list(plan.weights), workers=workers, src_path=_local_path(ckpt),
-                           progress=progress, importance=importance)
+                           progress=progress, importance=importance, ray=ray)
         weighted = all(r.weighted is not None for r in measured.values())
 
         def error(r: TensorResult) -> float:

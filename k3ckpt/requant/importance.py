@@ -79,50 +79,38 @@ def load_importance(path, weights: Iterable) -> Importance:
     reads has rows of that weight's K and a row for its expert.  Raises ``UsageError`` when the
     file names none of the weights (one line, with an entry it does hold and a name it expected)
     or does not fit one; ``NotFoundError`` / ``InvalidFileError`` from ``read_imatrix``."""
-    m = read_imatrix(path)
-    missing: list[str] = []
-    expected = None
-    used = 0
-    checked: dict[tuple[str, int], int] = {}
-    for w in weights:
-        name = entry_name(w.layer, w.expert, w.projection)
-        if name is None or name not in m:
-            missing.append(w.name)
-            expected = expected or name
-            continue
-        k = int(w.shape[-1])
-        n = checked.get((name, k))
-        if n is None:
-            n = checked[(name, k)] = m.matrices(name, k)
-        if w.expert >= n:
-            raise UsageError(f"importance entry {name!r} holds {n} matrices of {k}, none for expert {w.expert} "
-                             f"({w.name}): an importance matrix of another model?", file=m.path)
-        used += 1
-    if used == 0:
-        some = m.names[0] if len(m) else "none"
-        want = f"; expected names like {expected!r}" if expected else ""
-        raise UsageError(f"the importance matrix names no weight this run encodes (it holds {len(m)} entries, "
-                         f"e.g. {some!r}{want})", file=m.path)
-    return Importance(m, tuple(missing))
+    return _bind(path, ((w.name, entry_name(w.layer, w.expert, w.projection), int(w.shape[-1]),
+                         (w.expert or 0) + 1) for w in weights), "weight")
 
 
 def load_gguf_importance(path, tensors: Iterable[tuple[str, int, int]]) -> Importance:
     """``load_importance`` for a GGUF run: ``tensors`` are its stacked expert tensors as
     ``(GGUF name, experts, K)``, which are llama-imatrix's entry names as they are."""
+    return _bind(path, ((name, name, k, experts) for name, experts, k in tensors), "tensor")
+
+
+def _bind(path, uses, what: str) -> Importance:
+    """``uses``: ``(label, entry name or None, K, experts it needs)`` per weight or tensor."""
     m = read_imatrix(path)
-    missing, used = [], 0
-    for name, experts, k in tensors:
-        if name not in m:
-            missing.append(name)
+    missing: list[str] = []
+    expected = None
+    used = 0
+    matrices: dict[tuple[str, int], int] = {}
+    for label, name, k, need in uses:
+        if name is None or name not in m:
+            missing.append(label)
+            expected = expected or name
             continue
-        n = m.matrices(name, k)
-        if n < experts:
-            raise UsageError(f"importance entry {name!r} holds {n} matrices of {k}, the tensor {experts} experts: "
+        n = matrices.get((name, k))
+        if n is None:
+            n = matrices[(name, k)] = m.matrices(name, k)
+        if n < need:
+            raise UsageError(f"importance entry {name!r} holds {n} matrices of {k}, {label} needs {need}: "
                              "an importance matrix of another model?", file=m.path)
         used += 1
     if used == 0:
         some = m.names[0] if len(m) else "none"
-        want = f"; expected names like {missing[0]!r}" if missing else ""
-        raise UsageError(f"the importance matrix names no tensor this run encodes (it holds {len(m)} entries, "
+        want = f"; expected names like {expected!r}" if expected else ""
+        raise UsageError(f"the importance matrix names no {what} this run encodes (it holds {len(m)} entries, "
                          f"e.g. {some!r}{want})", file=m.path)
     return Importance(m, tuple(missing))

@@ -318,8 +318,8 @@ def test_unknown_format_is_one_usage_error_with_a_guess():
     for lookup_fn in (find_format, target_format):
         with pytest.raises(UsageError, match=r"^unknown --format 'moet-w3' \(did you mean moet-w2\? known formats: "):
             lookup_fn("moet-w3")
-    with pytest.raises(UsageError, match=r"did you mean gguf-iq2_xs( or [^?]+)?\?"):
-        find_format("IQ2_S")
+    with pytest.raises(UsageError, match=r"did you mean gguf-iq2_s( or [^?]+)?\?"):
+        find_format("IQ2_M")
     with pytest.raises(UsageError, match=r"^unknown --tensor-type 'zz' \(known formats: bf16, "):
         find_format("zz", option="--tensor-type")
 
@@ -353,12 +353,12 @@ def test_cli_requant_and_plan_take_llama_cpp_names_and_refuse_alike(capsys, k3_t
     rc = main(["requant", str(k3_tiny), str(tmp_path / "o"), "--format", "IQ2_XS", "--dry-run", "--json"])
     out = capsys.readouterr().out
     assert rc == 0 and "gguf-iq2_xs" in out
-    for args in (["requant", str(k3_tiny), str(tmp_path / "x"), "--format", "iq2_s"],
-                 ["plan", str(k3_tiny), "--devices", "8xH100", "--format", "iq2_s"]):
+    for args in (["requant", str(k3_tiny), str(tmp_path / "x"), "--format", "iq2_m"],
+                 ["plan", str(k3_tiny), "--devices", "8xH100", "--format", "iq2_m"]):
         rc = main(args)
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1, err
-        assert "unknown --format 'iq2_s' (did you mean gguf-iq2_xs" in err
+        assert "unknown --format 'iq2_m' (did you mean gguf-iq2_s" in err
     rc = main(["requant", str(k3_tiny), str(tmp_path / "y"), "--format", "fp8-block"])
     assert rc == 2 and "--format fp8-block is decode-only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
@@ -426,7 +426,7 @@ def test_ggml_types_are_gguf_types_with_the_same_bytes():
     from k3ckpt.gguf import produce
 
     held = [i for i in list_formats() if i.ggml_type]
-    assert {i.id for i in held} >= {"gguf-iq2_xs", "gguf-iq2_xxs", "gguf-q2_k", "gguf-mxfp4", "f32", "f16", "bf16"}
+    assert {i.id for i in held} >= {"gguf-iq2_xs", "gguf-iq2_xxs", "gguf-iq2_s", "gguf-q2_k", "gguf-mxfp4", "f32", "f16", "bf16"}
     for info in held:
         block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[info.ggml_type]]
         assert info.bytes_per_block * block == nbytes * info.block, info.id

@@ -1,4 +1,4 @@
-"""What the llama.cpp-family encoders (``requant.iq2xs``, ``iq2xxs``, ``q2_k``) share.
+"""What the llama.cpp-family encoders (``requant.iq2xs``, ``grid_search`` for iq2xxs and iq2s, ``q2_k``) share.
 
 Input checks, the importance matrix, fp16 rounding of a super-block's scales
 (plain Python, compiled once more for the kernels), and the E8-grid search

@@ -1,0 +1,607 @@
+"""The weighted E8-grid search that the IQ2_XXS and IQ2_S encoders share, numba.
+
+Both types decode a super-block of 256 weights as ``d * (0.5 + s) / 4 * g * sign``:
+``d`` one fp16, ``s`` a 4-bit scale per sub-block of ``G`` groups of 8 weights,
+``g`` an 8-vector of a grid with entries 8, 25, 43 per group and ``sign`` an
+8-bit pattern.  What differs is a ``Grid`` row: the grid (IQ2_XXS: 256 points,
+IQ2_S: 1024), ``G`` (4: a scale per 32 weights; 2: per 16) and the parity rule
+(IQ2_XXS stores 7 sign bits, so a pattern has an even number of minus signs;
+IQ2_S stores all 8).  The search returns codes (``Codes``: d, per group its grid
+index and sign pattern, per sub-block its scale); each format module packs them
+into its bytes.
+
+The error minimised is ``sum w_i (value_i - x_i)^2`` with llama.cpp's weights
+``w_i = imatrix_i * sqrt(sigma^2 + x_i^2)`` (``sigma^2`` the super-block's mean
+square, all-ones importance when none is given).  Per super-block:
+
+1. Per group of 8 (magnitudes ``a``, weights ``w``): for every point ``g``,
+   ``B_g = sum w a g``, minus ``2 min_j w_j a_j g_j`` when the parity rule holds
+   and the group has an odd number of negative inputs (one sign flip is forced,
+   cheapest where ``w a g`` is least); the error at step ``t`` is
+   ``sum w a^2 + t (t N_g - 2 B_g)``, ``N_g = sum w g^2``.  The grid's points
+   fall into classes of equal ``|g|^2`` (IQ2_XXS 12, IQ2_S 16); per class one
+   point is kept with its own ``B`` and ``N``: the one with the largest
+   ``B - t0 N / 2`` at an expected step ``t0 = tau * sqrt(sum w a^2 / sum w)``
+   of its sub-block (the largest ``B`` when a group's weights are equal).  The
+   pass over the points (``_class_scores``) has the SIMD-lane layout of
+   ``requant.iq2xs._class_maxima``.
+2. Per sub-block of ``G`` groups: a free step ``t*``: classes by their best gain
+   ``B^2 / N``, then ``ALT`` rounds of the least-squares ``t`` for the chosen
+   classes and the best classes at that ``t``.
+3. Per super-block: fp16 ``d`` candidates ``4 * max t* / 15.5 * D_MULT``; for
+   each, every sub-block takes the better of the two scales around
+   ``t* / (d/4) - 0.5`` (the class minimum per group); then up to ``LS_STEPS``
+   least-squares refinements of ``d`` (classes and scales fixed), rounded to
+   fp16, kept only when the error drops.
+4. Codes: the winning class (first of equal errors) and its point; signs are
+   the inputs' sign bits, with the cheapest element flipped when the parity
+   rule holds and the group is odd.
+
+The choice depends on magnitudes only and zero inputs keep their sign bit, so
+``encode(-x)`` decodes to exactly ``-decode(encode(x))``.  Inputs are scaled per
+super-block by a power of two (exact); super-blocks with ``max|x| < 2^-24``
+encode as zeros and ``d`` is clamped to 65504.
+
+``search`` (numba) and ``search_reference`` (numpy, the same float operations in
+the same order, ties broken the same way) return identical codes.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, check_imatrix, check_rows,
+                           class_argmax, freeze, grid_classes, half_offsets, half_sums, round_f16)
+
+__all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_reference", "search_tables"]
+
+D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
+ALT = 2
+LS_STEPS = 2
+D_MULT.flags.writeable = False
+SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What one grid type searches: ``label`` (ggml's name, for messages), ``group_count`` G
+    groups of 8 per 4-bit scale, ``parity`` (a pattern must have an even number of minus
+    signs), ``tau``: class points are scored as B - (t/2) N at the expected step
+    t = tau * the sub-block's weighted RMS magnitude (the median of t* / RMS on Gaussian and
+    Student-t data)."""
+
+    label: str
+    group_count: int
+    parity: bool
+    tau: float
+
+    @property
+    def sub_blocks(self) -> int:
+        return 32 // self.group_count
+
+
+@dataclass(frozen=True)
+class Codes:
+    """A search's result per super-block: ``d`` uint16 [n] (fp16 bits), ``index`` int64 [n, 32]
+    (grid index per group), ``signs`` int64 [n, 32] (bit j set: element j negative),
+    ``scales`` int64 [n, 32 / G] (4-bit scale per sub-block).  Zero blocks are all zeros."""
+
+    d: np.ndarray
+    index: np.ndarray
+    signs: np.ndarray
+    scales: np.ndarray
+
+
+def search_tables(grid: np.ndarray) -> types.SimpleNamespace:
+    """``grid`` (uint8 [P, 8] of 8 / 25 / 43) in norm-class order (``_ggml_encode.grid_classes``),
+    with the squares ``gsq`` [8, P] of ``gt`` and ``lsq`` of ``lev``; the callers cache it."""
+    t = grid_classes(grid)
+    t.gsq = t.gt * t.gt
+    t.lsq = t.lev * t.lev
+    return freeze(t)
+
+
+def _codes(n: int, g: Grid) -> Codes:
+    return Codes(np.zeros(n, np.uint16), np.zeros((n, 32), np.int64), np.zeros((n, 32), np.int64),
+                 np.zeros((n, g.sub_blocks), np.int64))
+
+
+def _inputs(x, imatrix, label: str, name: str | None):
+    x2, shape = check_rows(x, label, name=name)
+    qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
+    return x2.reshape(-1, QK), qw, shape
+
+
+# --------------------------------------------------------------- reference
+def search_reference(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Codes, tuple[int, ...]]:
+    """Numpy twin of ``search`` (same decisions, same float operations; slow)."""
+    blocks, qw, shape = _inputs(x, imatrix, g.label, name)
+    codes = _codes(len(blocks), g)
+    for i, b in enumerate(blocks):
+        _ref_block(b, qw[i % len(qw)], g, t, codes, i)
+    return codes, shape
+
+
+def _seq(v) -> float:
+    """Sum from +0.0, left to right (the kernel's order)."""
+    acc = 0.0
+    for e in v:
+        acc += e
+    return acc
+
+
+def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: int) -> None:
+    f0 = np.float32(0.0)
+    gc, ns = grid.group_count, grid.sub_blocks
+    a = np.abs(x)
+    neg = (x.view(np.uint32) >> 31).astype(np.int64)
+    amax = a.max()
+    if amax < TINY:
+        return
+    ex = math.frexp(float(amax))[1]
+    x = x * np.float32(math.ldexp(1.0, -ex))
+    a = a * np.float32(math.ldexp(1.0, -ex))
+    unscale = math.ldexp(1.0, ex)
+    if not _seq32(q.reshape(32, 8)) > f0:       # all-zero importance: ones
+        q = np.ones(QK, np.float32)
+    # weights (float32): sigma^2 = sum x^2 / 256, group sums first, then the 32 groups in order
+    sigma2 = _seq32(_rowsum32((x * x).reshape(32, 8))) / np.float32(QK)
+    w = (q * np.sqrt(sigma2 + x * x)).astype(np.float32).reshape(32, 8)
+    p = (w * a.reshape(32, 8)).astype(np.float32)                    # [32, 8]
+    ncls = len(t.cls_norm)
+
+    odd = (neg.reshape(32, 8).sum(axis=1) & 1).astype(bool) & grid.parity
+    odd2 = np.where(odd, np.float32(2.0), f0).astype(np.float32)
+    prod = p[:, :, None] * t.gt[None, :, :]                          # [32, 8, P]: w a g
+    pen = odd2[:, None] * prod.min(axis=1)                           # the forced flip's cost
+    bvals = (_half(prod, 0) + _half(prod, 4)) - pen                  # B of every point
+    bounds = t.cls_start
+
+    def classes(htau):
+        """Per group and class the point with the best score B - htau N (htau [32] float32, htau = t / 2
+        at the group's expected step), its B and its own energy N = sum w g^2."""
+        ps = prod - (htau[:, None] * w)[:, :, None] * t.gsq[None, :, :]
+        score = (_half(ps, 0) + _half(ps, 4)) - pen
+        arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
+                        for c in range(ncls)], axis=1)               # [32, C], first maximum
+        egy = np.zeros((32, ncls), np.float32)
+        for j in range(8):
+            egy = egy + w[:, j][:, None] * t.gsq[j][arg]
+        return arg, np.take_along_axis(bvals, arg, axis=1).astype(np.float64), egy.astype(np.float64)
+
+    def errors(k, tt):              # [C]: each class's error (minus sum w a^2) for group k at step tt
+        return tt * (tt * nn[k] - 2.0 * bd[k])
+
+    def best_class(k, tt):
+        return int(np.argmin(errors(k, tt)))
+
+    def sub_error(m, tt):
+        return _seq(float(errors(gc * m + h, tt).min()) for h in range(gc))
+
+    def lsq_t(m, cls):
+        num = _seq(bd[gc * m + h, cls[h]] for h in range(gc))
+        den = _seq(nn[gc * m + h, cls[h]] for h in range(gc))
+        return num / den if den > 0.0 else 0.0
+
+    # 2. class points scored at the expected step, then the free step per sub-block by alternation
+    def free_steps():
+        tstar = np.zeros(ns)
+        for m in range(ns):
+            cls = []
+            for h in range(gc):
+                k = gc * m + h
+                gain = np.where(nn[k] > 0.0, bd[k] * bd[k] / np.where(nn[k] > 0.0, nn[k], 1.0), 0.0)
+                cls.append(int(np.argmax(gain)))
+            tt = lsq_t(m, cls)
+            for _ in range(ALT):
+                tt = lsq_t(m, [best_class(gc * m + h, tt) for h in range(gc)])
+            tstar[m] = tt
+        return tstar
+
+    gwa = _rowsum32(p * a.reshape(32, 8)).reshape(ns, gc)           # sum w a^2 per group
+    gw = _rowsum32(w).reshape(ns, gc)
+    s1, s2 = _rowsum32(gwa), _rowsum32(gw)                          # per sub-block, groups in order
+    rms = np.where(s2 > f0, np.sqrt(s1 / np.where(s2 > f0, s2, np.float32(1.0))), f0).astype(np.float32)
+    barg, bd, nn = classes(np.repeat(np.float32(0.5 * grid.tau) * rms, gc).astype(np.float32))
+    tstar = free_steps()
+
+    def eval_d(dn):
+        u = dn * 0.25
+        total = 0.0
+        sel = np.zeros(ns, np.int64)
+        for m in range(ns):
+            sc = min(tstar[m] / u - 0.5, 14.0)
+            s0 = int(math.floor(sc)) if sc > 0.0 else 0
+            e0 = sub_error(m, u * (0.5 + s0))
+            e1 = sub_error(m, u * (0.5 + (s0 + 1)))
+            sel[m] = s0 + 1 if e1 < e0 else s0
+            total += e1 if e1 < e0 else e0
+        return total, sel
+
+    # 3. d candidates, then least-squares refinement
+    tmax = 0.0
+    for v in tstar:
+        tmax = v if v > tmax else tmax
+    best_total, best_dn, s_sel = best_d(4.0 * tmax / 15.5, unscale, D_MULT, eval_d)
+    if best_dn == 0.0:
+        return
+    for _ in range(LS_STEPS):
+        num = 0.0
+        den = 0.0
+        for m in range(ns):
+            h = 0.5 + s_sel[m]
+            tt = best_dn * 0.25 * h
+            cls = [best_class(gc * m + j, tt) for j in range(gc)]
+            num += h * _seq(bd[gc * m + j, cls[j]] for j in range(gc))
+            den += h * h * _seq(nn[gc * m + j, cls[j]] for j in range(gc))
+        if not den > 0.0:
+            break
+        dn = round_f16(4.0 * num / den * unscale) / unscale
+        if not dn > 0.0 or dn == best_dn:
+            break
+        tot, sc = eval_d(dn)
+        if not tot < best_total:
+            break
+        best_total, best_dn, s_sel = tot, dn, sc
+
+    # 4. codes; d's bits via numpy's own fp16 conversion (an independent check of round_f16 / f16_bits)
+    codes.d[row] = np.array([best_dn * unscale], np.float64).astype("<f2").view(np.uint16)[0]
+    codes.scales[row] = s_sel
+    for m in range(ns):
+        tt = best_dn * 0.25 * (0.5 + s_sel[m])
+        for h in range(gc):
+            k = gc * m + h
+            i = int(barg[k, best_class(k, tt)])
+            bits = neg[8 * k:8 * k + 8].copy()
+            if odd[k]:
+                bits[int(np.argmin(prod[k, :, i]))] ^= 1
+            codes.signs[row, k] = int((bits << np.arange(8)).sum())
+            codes.index[row, k] = int(t.order[i])
+
+
+def _half(prod: np.ndarray, j: int) -> np.ndarray:
+    """((v_j + v_j+1) + v_j+2) + v_j+3 over axis 1 of ``prod`` [32, 8, P] (the kernel's order)."""
+    return ((prod[:, j] + prod[:, j + 1]) + prod[:, j + 2]) + prod[:, j + 3]
+
+
+def _rowsum32(v: np.ndarray) -> np.ndarray:
+    """float32 row sums from +0.0, left to right."""
+    acc = np.zeros(v.shape[0], np.float32)
+    for j in range(v.shape[1]):
+        acc = acc + v[:, j]
+    return acc
+
+
+def _seq32(v: np.ndarray) -> np.float32:
+    """float32 sum of all of ``v`` (rows first, ``_rowsum32``, then the row sums in order)."""
+    rows = _rowsum32(v) if v.ndim == 2 else v
+    acc = np.float32(0.0)
+    for e in rows:
+        acc = np.float32(acc + e)
+    return acc
+
+
+# ------------------------------------------------------------ numba kernel
+# Lanes: the 32 * SB_CHUNK groups of a chunk; group h of sub-block m (m = S' b + ib for
+# sub-block ib of super-block b, S' = 32 / G sub-blocks a super-block) is lane h * S + m,
+# S = S' * SB_CHUNK, so a sub-block's G groups are lanes m, S + m, ... and the class maxima
+# run over all lanes.
+@_jit
+def _min_err(bd, nn, k, tt):
+    """Least class error t (t N - 2 B) of lane ``k`` at step ``tt`` and its first class."""
+    be = np.inf
+    bc = 0
+    for c in range(bd.shape[1]):
+        v = tt * (tt * nn[k, c] - 2.0 * bd[k, c])
+        if v < be:
+            be = v
+            bc = c
+    return be, bc
+
+
+@_jit
+def _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prodm, p2, m2, p3, m3, hh, acc):
+    """``acc[c, k]``: the best score B - htau N over class c's points for lane k, ``acc[c, L + k]``
+    the first point reaching it (as float32: exact).  ``requant.iq2xs._class_maxima``'s pass
+    (``_ggml_encode.half_sums``, ``class_argmax``), with the sums taken over ``w a g - (htau w) g^2`` and the
+    flip's minimum over ``w a g`` (``at`` = w a, ``wl`` = w, ``lsq`` = the levels squared)."""
+    nl = at.shape[1]
+    for j in range(8):
+        for v in range(3):
+            for k in range(nl):
+                pm = at[j, k] * lev[v]
+                prodm[j, v, k] = pm
+                prods[j, v, k] = pm - (htau[k] * wl[j, k]) * lsq[v]
+    half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh)
+    class_argmax(hh, ou, ow, cls_start, np.float32(-np.inf), acc)   # scores may be negative
+
+
+@_jit
+def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
+    """For each class's chosen point (``acc[c, L + k]``): its B (float32 as the reference's
+    ``bvals``) and its energy sum w g^2, as float64 into ``bd`` / ``nn``."""
+    nl = at.shape[1]
+    f0 = np.float32(0.0)
+    for c in range(bd.shape[1]):
+        for k in range(nl):
+            i = np.int64(acc[c, nl + k])
+            g0 = at[0, k] * gt[0, i]
+            g1 = at[1, k] * gt[1, i]
+            g2 = at[2, k] * gt[2, i]
+            g3 = at[3, k] * gt[3, i]
+            g4 = at[4, k] * gt[4, i]
+            g5 = at[5, k] * gt[5, i]
+            g6 = at[6, k] * gt[6, i]
+            g7 = at[7, k] * gt[7, i]
+            mn = min(min(min(g0, g1), min(g2, g3)), min(min(g4, g5), min(g6, g7)))
+            b = ((((g0 + g1) + g2) + g3) + (((g4 + g5) + g6) + g7)) - hpf[k] * mn
+            e = f0
+            for j in range(8):
+                e += wl[j, k] * gsq[j, i]
+            bd[k, c] = b
+            nn[k, c] = e
+
+
+@_jit
+def _free_steps(bd, nn, gc, ns, tstar):
+    """Per sub-block lane m the free step by alternation (as the reference's ``free_steps``)."""
+    ncls = bd.shape[1]
+    for m in range(ns):
+        num = 0.0
+        den = 0.0
+        for h in range(gc):
+            k = h * ns + m
+            bg = -1.0
+            bc = 0
+            for c in range(ncls):
+                gv = bd[k, c] * bd[k, c] / nn[k, c] if nn[k, c] > 0.0 else 0.0
+                if gv > bg:
+                    bg = gv
+                    bc = c
+            num += bd[k, bc]
+            den += nn[k, bc]
+        tt = num / den if den > 0.0 else 0.0
+        for _ in range(ALT):
+            num = 0.0
+            den = 0.0
+            for h in range(gc):
+                k = h * ns + m
+                _, bc = _min_err(bd, nn, k, tt)
+                num += bd[k, bc]
+                den += nn[k, bc]
+            tt = num / den if den > 0.0 else 0.0
+        tstar[m] = tt
+
+
+@_jit
+def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq, lo, hi, cls_start, norm,
+                   d_mult, out_d, out_idx, out_sg, out_sc):
+    # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
+    # importance (block i uses row i % nq); codes out (zero-filled, as ``Codes``).
+    nblk = xb.shape[0]
+    nq = qb.shape[0]
+    nsb = SB_CHUNK
+    nsub = 32 // gc
+    nl = 32 * nsb
+    ns = nsub * nsb
+    ncls = norm.shape[0]
+    f0 = np.float32(0.0)
+    npts = lo.shape[0]
+    ou = np.empty(npts, np.uint64)
+    ow = np.empty(npts, np.uint64)
+    half_offsets(lo, hi, nl, ou, ow)
+    xs = np.zeros((nsb, 256), np.float32)
+    ws = np.zeros((nsb, 256), np.float32)
+    at = np.empty((8, nl), np.float32)
+    hpf = np.empty(nl, np.float32)
+    sgn = np.zeros(nl, np.int64)
+    wl = np.zeros((8, nl), np.float32)
+    live = np.zeros(nsb, np.bool_)
+    unscale = np.ones(nsb)
+    prod = np.empty((8, 3, nl), np.float32)
+    prods = np.empty((8, 3, nl), np.float32)
+    htau = np.zeros(nl, np.float32)
+    gwa = np.zeros(nl, np.float32)
+    gws = np.zeros(nl, np.float32)
+    p2 = np.empty((9, nl), np.float32)
+    m2 = np.empty((9, nl), np.float32)
+    p3 = np.empty((27, nl), np.float32)
+    m3 = np.empty((27, nl), np.float32)
+    hh = np.empty(162 * 2 * nl, np.float32)
+    acc = np.empty((ncls, 2 * nl), np.float32)
+    bd = np.empty((nl, ncls))             # per lane, its classes contiguous (the scalar loops run over c)
+    nn = np.empty((nl, ncls))
+    tstar = np.zeros(ns)
+    s_try = np.zeros(ns, np.int64)
+    s_sel = np.zeros(ns, np.int64)
+    best_total = np.zeros(nsb)
+    best_dn = np.zeros(nsb)
+    for b0 in range(0, nblk, nsb):
+        # 0. scaled magnitudes, weights, signs and parity as lanes; padding / tiny blocks are zero lanes
+        for b in range(nsb):
+            blk = b0 + b
+            amax = np.float32(0.0)
+            if blk < nblk:
+                for j in range(256):
+                    v = abs(xb[blk, j])
+                    amax = v if v > amax else amax
+            live[b] = amax >= TINY
+            f = np.float32(0.0)
+            unscale[b] = 1.0
+            if live[b]:
+                _, ex = math.frexp(amax)
+                f = np.float32(math.ldexp(1.0, -ex))
+                unscale[b] = math.ldexp(1.0, ex)
+            qr = blk % nq if blk < nblk else 0
+            qt = f0
+            s2 = f0
+            for g in range(32):
+                gq = f0
+                gx = f0
+                for j in range(8):
+                    v = xb[blk, 8 * g + j] * f if live[b] else f0
+                    xs[b, 8 * g + j] = v
+                    qv = qb[qr, 8 * g + j]
+                    ws[b, 8 * g + j] = qv
+                    gq += qv
+                    gx += v * v
+                qt += gq
+                s2 += gx
+            if not qt > f0:
+                for j in range(256):
+                    ws[b, j] = np.float32(1.0)
+            sigma2 = s2 / np.float32(QK)
+            for g in range(32):
+                k = (g % gc) * ns + nsub * b + g // gc
+                bits = 0
+                par = 0
+                swa = f0
+                sw = f0
+                for j in range(8):
+                    v = xs[b, 8 * g + j]
+                    wv = ws[b, 8 * g + j] * np.sqrt(sigma2 + v * v)
+                    wl[j, k] = wv
+                    pv = wv * abs(v)
+                    at[j, k] = pv
+                    swa += pv * abs(v)
+                    sw += wv
+                    ng = np.int64(sbits[blk, 8 * g + j] >> 31) if live[b] else np.int64(0)
+                    bits |= ng << j
+                    par += ng
+                sgn[k] = bits
+                hpf[k] = 2.0 if parity and par & 1 else 0.0
+                gwa[k] = swa
+                gws[k] = sw
+        # 1. class points scored at each sub-block's expected step; 2. free steps by alternation
+        for m in range(ns):
+            s1 = f0
+            s2 = f0
+            for h in range(gc):
+                s1 += gwa[h * ns + m]
+                s2 += gws[h * ns + m]
+            rms = np.sqrt(s1 / (s2 if s2 > f0 else np.float32(1.0))) if s2 > f0 else f0
+            for h in range(gc):
+                htau[h * ns + m] = half_tau * rms
+        _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
+        _class_values(acc, at, wl, hpf, gt, gsq, bd, nn)
+        _free_steps(bd, nn, gc, ns, tstar)
+        # 3. d candidates per super-block, then least-squares refinement
+        for b in range(nsb):
+            tmax = 0.0
+            for m in range(nsub * b, nsub * b + nsub):
+                tmax = tstar[m] if tstar[m] > tmax else tmax
+            d0 = 4.0 * tmax / 15.5
+            best_total[b] = np.inf
+            best_dn[b] = 0.0
+            if not live[b]:
+                continue
+            for q in range(d_mult.shape[0]):
+                dn = _round_f16_nb(d0 * d_mult[q] * unscale[b]) / unscale[b]
+                if dn == 0.0:
+                    continue
+                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, s_try)
+                if total < best_total[b]:
+                    best_total[b] = total
+                    best_dn[b] = dn
+                    for m in range(nsub * b, nsub * b + nsub):
+                        s_sel[m] = s_try[m]
+            if best_dn[b] == 0.0:
+                continue
+            for _ in range(LS_STEPS):
+                num = 0.0
+                den = 0.0
+                for m in range(nsub * b, nsub * b + nsub):
+                    hv = 0.5 + s_sel[m]
+                    tt = best_dn[b] * 0.25 * hv
+                    sb = 0.0
+                    sn = 0.0
+                    for h in range(gc):
+                        k = h * ns + m
+                        _, bc = _min_err(bd, nn, k, tt)
+                        sb += bd[k, bc]
+                        sn += nn[k, bc]
+                    num += hv * sb
+                    den += hv * hv * sn
+                if not den > 0.0:
+                    break
+                dn = _round_f16_nb(4.0 * num / den * unscale[b]) / unscale[b]
+                if not dn > 0.0 or dn == best_dn[b]:
+                    break
+                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, s_try)
+                if not total < best_total[b]:
+                    break
+                best_total[b] = total
+                best_dn[b] = dn
+                for m in range(nsub * b, nsub * b + nsub):
+                    s_sel[m] = s_try[m]
+        # 4. codes
+        for b in range(nsb):
+            blk = b0 + b
+            if blk >= nblk or best_dn[b] == 0.0:
+                continue
+            out_d[blk] = _f16_bits_nb(best_dn[b] * unscale[b])
+            for ib in range(nsub):
+                m = nsub * b + ib
+                out_sc[blk, ib] = s_sel[m]
+                tt = best_dn[b] * 0.25 * (0.5 + s_sel[m])
+                for h in range(gc):
+                    k = h * ns + m
+                    _, bc = _min_err(bd, nn, k, tt)
+                    i = np.int64(acc[bc, nl + k])            # the class's first point reaching its maximum
+                    sg = sgn[k]
+                    if hpf[k] != 0.0:                        # odd: flip the cheapest element
+                        jm = 0
+                        pm = at[0, k] * gt[0, i]
+                        for j in range(1, 8):
+                            pv = at[j, k] * gt[j, i]
+                            if pv < pm:
+                                pm = pv
+                                jm = j
+                        sg ^= 1 << jm
+                    out_idx[blk, gc * ib + h] = order[i]
+                    out_sg[blk, gc * ib + h] = sg
+
+
+@_jit
+def _eval_d(dn, b, tstar, bd, nn, gc, ns, s_out):
+    """Total error of super-block ``b`` at normalised ``dn``; each sub-block's better of the two
+    scales around its t* -> ``s_out``."""
+    u = dn * 0.25
+    total = 0.0
+    nsub = 32 // gc
+    for m in range(nsub * b, nsub * b + nsub):
+        sc = min(tstar[m] / u - 0.5, 14.0)
+        s0 = int(math.floor(sc)) if sc > 0.0 else 0
+        t0 = u * (0.5 + s0)
+        t1 = u * (0.5 + (s0 + 1))
+        e0 = 0.0
+        e1 = 0.0
+        for h in range(gc):
+            v0, _ = _min_err(bd, nn, h * ns + m, t0)
+            v1, _ = _min_err(bd, nn, h * ns + m, t1)
+            e0 += v0
+            e1 += v1
+        if e1 < e0:
+            s_out[m] = s0 + 1
+            total += e1
+        else:
+            s_out[m] = s0
+            total += e0
+    return total
+
+
+def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Codes, tuple[int, ...]]:
+    """float32 ``[..., K]`` (K a multiple of 256, finite) -> the codes of its super-blocks and
+    ``x``'s shape (numba, one thread); ``t`` is ``search_tables(grid)``.
+
+    ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``_ggml_encode.check_imatrix``)."""
+    xb, qw, shape = _inputs(x, imatrix, g.label, name)
+    c = _codes(len(xb), g)
+    _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, np.float32(0.5 * g.tau), t.gt, t.gsq,
+                   t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, c.d, c.index, c.signs,
+                   c.scales)
+    return c, shape

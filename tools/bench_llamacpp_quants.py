@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs, gguf-iq2_s) against ggml's own quantizers.
+"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs, gguf-iq2_s, gguf-iq1_s) against ggml's own quantizers.
 
     python tools/bench_llamacpp_quants.py                  # [1024, 3584]: a third of a K3 w1 expert
     python tools/bench_llamacpp_quants.py --size 256x3584 --repeat 1
@@ -14,7 +14,7 @@ Quality: the importance-weighted SNR ``10 log10(sum q x^2 / sum q (x - y)^2)``
 (q = 1 without an importance matrix), ours against ggml's on the same data.
 ggml is ``ggml_quantize_chunk`` from the libggml that llama-cpp-python builds,
 through ctypes: without an importance matrix Q2_K runs its reference quantizer
-(what llama-quantize does), IQ2_XXS and IQ2_S refuse to run without one, so it gets all
+(what llama-quantize does), the IQ types refuse to run without one, so it gets all
 ones (ours takes None, which means the same).
 
 Speed: process CPU time of one thread pinned to one core, best of ``--repeat``,
@@ -43,11 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_requant  # noqa: E402  (same data generator and timing helper)
 from bench_iq2xs import pin_one_core  # noqa: E402  (the same pinning)
+from k3ckpt.formats import iq1s as fmt_iq1s  # noqa: E402
 from k3ckpt.formats import iq2s as fmt_iq2s  # noqa: E402
 from k3ckpt.formats import iq2xxs as fmt_iq2xxs  # noqa: E402
 from k3ckpt.formats import mxfp4  # noqa: E402
 from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
-from k3ckpt.requant import iq2s, iq2xxs, q2_k  # noqa: E402
+from k3ckpt.requant import iq1s, iq2s, iq2xxs, q2_k  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
 FORMATS = {
@@ -55,6 +56,7 @@ FORMATS = {
     "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k, False),
     "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs, True),
     "iq2_s": (22, fmt_iq2s.BLOCK_BYTES, iq2s.encode, fmt_iq2s.decode_iq2s, True),
+    "iq1_s": (19, fmt_iq1s.BLOCK_BYTES, iq1s.encode, fmt_iq1s.decode_iq1s, True),
 }
 
 
@@ -143,7 +145,7 @@ def render(res: dict, pin_note: str) -> str:
     lines = [f"llama.cpp quant family from MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.2f} M weights; "
              f"{pin_note}; ggml: {res['ggml']}",
              "SNR weighted by the importance matrix (1 without); Q2_K without one: ggml's reference quantizer; "
-             "IQ2_XXS / IQ2_S without one: ggml given all ones", ""]
+             "the IQ types without one: ggml given all ones", ""]
     lines.append(f"{'format':<8} {'source':<13} {'imatrix':<10} {'ours dB':>8} {'ggml dB':>8} {'gain dB':>8}")
     for r in res["quality"]:
         g = f"{r['ggml_db']:>8.3f} {r['gain_db']:>+8.3f}" if "ggml_db" in r else f"{'-':>8} {'-':>8}"

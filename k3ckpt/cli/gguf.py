@@ -16,7 +16,7 @@ from .source import hub_option, source_argument
 @click.argument("out")
 @hub_option
 @click.option("--expert-type", default="iq2_xs", show_default=True, metavar="TYPE",
-              help="ggml type of the routed experts: iq2_xs, iq2_xxs, iq2_s, q2_k, mxfp4 (lossless repack), q8_0, bf16, "
+              help="ggml type of the routed experts: iq2_xs, iq2_xxs, iq2_s, iq1_s, q2_k, mxfp4 (lossless repack), q8_0, bf16, "
                    "f16, f32 "
                    "(any case, as ggml spells them).")
 @click.option("--outtype", default=None, metavar="TYPE",
@@ -28,8 +28,8 @@ from .source import hub_option, source_argument
               help="Mixed precision: expert types chosen by measured error so the experts average X bits "
                    "per weight.")
 @click.option("--imatrix", "imatrix", default=None, metavar="FILE",
-              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the q2_k, iq2_xxs "
-                   "and iq2_s encoders weigh their error by it; the report gives weighted errors beside plain ones.")
+              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the q2_k, iq1_s, "
+                   "iq2_xxs and iq2_s encoders weigh their error by it; the report gives weighted errors beside plain ones.")
 @click.option("--ray", "ray", default=None, metavar="ADDRESS|auto",
               help="Encode the routed experts on a Ray cluster (its head's HOST:PORT, or auto); SRC and OUT must "
                    "be paths every node sees. Same bytes as a local run. Needs pip install 'k3ckpt[ray]'.")

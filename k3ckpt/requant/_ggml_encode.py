@@ -1,4 +1,5 @@
-"""What the llama.cpp-family encoders (``requant.iq2xs``, ``grid_search`` for iq2xxs and iq2s, ``q2_k``) share.
+"""What the llama.cpp-family encoders (``requant.iq2xs``, ``grid_search`` for iq1s, iq2xxs and
+iq2s, ``q2_k``) share.
 
 Input checks, the importance matrix, fp16 rounding of a super-block's scales
 (plain Python, compiled once more for the kernels), and the E8-grid search
@@ -115,31 +116,36 @@ def best_d(d0: float, unscale: float, d_mult, eval_d):
 
 
 # ------------------------------------------------------------- E8 grids
-def grid_classes(grid: np.ndarray) -> types.SimpleNamespace:
-    """An i-quant grid (uint8 [P, 8] of 8 / 25 / 43) in norm-class order.
+def grid_classes(grid: np.ndarray, levels=(8, 25, 43), *, by_sum: bool = False) -> types.SimpleNamespace:
+    """An i-quant grid (integer [P, 8], each entry one of three ``levels``: 8 / 25 / 43, or
+    IQ1's -1 / 0 / 1) in class order: classes of equal ``|g|^2`` (and, ``by_sum``, equal
+    ``sum g``: with a shift ``delta`` added to every entry, ``|g + delta|^2`` is equal within
+    such a class).
 
-    ``order[i]``: grid index of sorted point i; ``gt`` float32 [8, P] the
-    sorted points transposed; ``cls_start`` int64 [C+1] class boundaries;
-    ``cls_norm`` float64 [C] ``|g|^2``, ascending.  Halves: each point's
-    elements 0-3 and 4-7 as one of 81 patterns ``u = d0 + 3 d1 + 9 d2 + 27 d3``
-    (``d_j`` element j's level index into ``lev`` = 8, 25, 43), ``lo[i]`` / ``hi[i]``.
-    Arrays are writable: the caller adds its own and freezes them all (``freeze``).
+    ``order[i]``: grid index of sorted point i; ``gt`` float32 [8, P] the sorted points
+    transposed; ``cls_start`` int64 [C+1] class boundaries; ``cls_norm`` float64 [C]
+    ``|g|^2``, ascending.  Halves: each point's elements 0-3 and 4-7 as one of 81 patterns
+    ``u = d0 + 3 d1 + 9 d2 + 27 d3`` (``d_j`` element j's index into ``lev`` = the levels),
+    ``lo[i]`` / ``hi[i]``.  Arrays are writable: the caller adds its own and freezes them all
+    (``freeze``).
     """
     grid = grid.astype(np.int64)
     norm = (grid * grid).sum(axis=1)
-    order = np.argsort(norm, kind="stable")
-    sorted_norm = norm[order]
-    starts = np.flatnonzero(np.r_[True, sorted_norm[1:] != sorted_norm[:-1]])
-    digit = np.searchsorted([8, 25, 43], grid[order])          # [P, 8] in 0..2
+    key = norm * (32 * len(grid[0]) + 1) + (grid.sum(axis=1) + 16 * len(grid[0])) if by_sum else norm
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    digit = np.searchsorted(np.asarray(levels), grid[order])   # [P, 8] in 0..2
+    assert np.array_equal(np.asarray(levels)[digit], grid[order]), "grid entries outside its levels"
     weights = 3 ** np.arange(4)
     return types.SimpleNamespace(
         order=order.astype(np.int64),
         gt=np.ascontiguousarray(grid[order].T.astype(np.float32)),
         cls_start=np.r_[starts, len(order)].astype(np.int64),
-        cls_norm=sorted_norm[starts].astype(np.float64),
+        cls_norm=norm[order][starts].astype(np.float64),
         lo=(digit[:, :4] @ weights).astype(np.int64),
         hi=(digit[:, 4:] @ weights).astype(np.int64),
-        lev=np.array([8.0, 25.0, 43.0], np.float32),
+        lev=np.asarray(levels, np.float32),
     )
 
 

@@ -1,44 +1,48 @@
-"""The weighted E8-grid search that the IQ2_XXS and IQ2_S encoders share, numba.
+"""The weighted grid search that the IQ2_XXS, IQ2_S and IQ1_S encoders share, numba.
 
-Both types decode a super-block of 256 weights as ``d * (0.5 + s) / 4 * g * sign``:
-``d`` one fp16, ``s`` a 4-bit scale per sub-block of ``G`` groups of 8 weights,
-``g`` an 8-vector of a grid with entries 8, 25, 43 per group and ``sign`` an
-8-bit pattern.  What differs is a ``Grid`` row: the grid (IQ2_XXS: 256 points,
-IQ2_S: 1024), ``G`` (4: a scale per 32 weights; 2: per 16) and the parity rule
-(IQ2_XXS stores 7 sign bits, so a pattern has an even number of minus signs;
-IQ2_S stores all 8).  The search returns codes (``Codes``: d, per group its grid
-index and sign pattern, per sub-block its scale); each format module packs them
-into its bytes.
+The IQ2 types decode a super-block of 256 weights as ``d * (0.5 + s) / 4 * g * sign``:
+``d`` one fp16, ``s`` a 4-bit scale per sub-block of ``G`` groups of 8 weights, ``g`` an
+8-vector of a grid with entries 8, 25, 43 per group and ``sign`` an 8-bit pattern.  IQ1_S
+decodes as ``d * (2 s + 1) * (g + delta)``: ``s`` 3 bits, ``g`` from a grid of -1, 0, 1 (the
+signs are in the grid) and ``delta`` = +-1/8 per sub-block.  What differs is a ``Grid`` row:
+the grid (IQ2_XXS: 256 points, IQ2_S: 1024, IQ1_S: 2048), ``G`` (4: a scale per 32 weights;
+2: per 16), the parity rule (IQ2_XXS stores 7 sign bits, so a pattern has an even number of
+minus signs; IQ2_S stores all 8), a signed grid, the shifts and the scale's step and range.
+The search returns codes (``Codes``: d, per group its grid index and sign pattern, per
+sub-block its scale and shift); each format module packs them into its bytes.
 
 The error minimised is ``sum w_i (value_i - x_i)^2`` with llama.cpp's weights
 ``w_i = imatrix_i * sqrt(sigma^2 + x_i^2)`` (``sigma^2`` the super-block's mean
 square, all-ones importance when none is given).  Per super-block:
 
-1. Per group of 8 (magnitudes ``a``, weights ``w``): for every point ``g``,
+1. Per group of 8 (magnitudes ``a``, or the values themselves on a signed grid; weights
+   ``w``), per shift (the grid's entries plus ``delta``; IQ2: none): for every point ``g``,
    ``B_g = sum w a g``, minus ``2 min_j w_j a_j g_j`` when the parity rule holds
    and the group has an odd number of negative inputs (one sign flip is forced,
    cheapest where ``w a g`` is least); the error at step ``t`` is
    ``sum w a^2 + t (t N_g - 2 B_g)``, ``N_g = sum w g^2``.  The grid's points
-   fall into classes of equal ``|g|^2`` (IQ2_XXS 12, IQ2_S 16); per class one
+   fall into classes of equal ``|g|^2`` (IQ2_XXS 12, IQ2_S 16; IQ1_S 39, of equal
+   ``|g|^2`` and ``sum g``, so that ``|g + delta|^2`` is equal too); per class one
    point is kept with its own ``B`` and ``N``: the one with the largest
    ``B - t0 N / 2`` at an expected step ``t0 = tau * sqrt(sum w a^2 / sum w)``
    of its sub-block (the largest ``B`` when a group's weights are equal).  The
    pass over the points (``_class_scores``) has the SIMD-lane layout of
    ``requant.iq2xs._class_maxima``.
 2. Per sub-block of ``G`` groups: a free step ``t*``: classes by their best gain
-   ``B^2 / N``, then ``ALT`` rounds of the least-squares ``t`` for the chosen
-   classes and the best classes at that ``t``.
-3. Per super-block: fp16 ``d`` candidates ``4 * max t* / 15.5 * D_MULT``; for
-   each, every sub-block takes the better of the two scales around
-   ``t* / (d/4) - 0.5`` (the class minimum per group); then up to ``LS_STEPS``
+   ``B^2 / N`` (``B > 0``), then ``ALT`` rounds of the least-squares ``t`` for the chosen
+   classes and the best classes at that ``t``; with two shifts, the step of the shift
+   that errs less there.
+3. Per super-block: fp16 ``d`` candidates ``max t* / (unit * (scale_max + 0.5)) * D_MULT``
+   (IQ2: ``4 max t* / 15.5``); for each, every sub-block takes the best of the two scales
+   around ``t* / (d unit) - 0.5`` at each shift (the class minimum per group); then up to ``LS_STEPS``
    least-squares refinements of ``d`` (classes and scales fixed), rounded to
    fp16, kept only when the error drops.
 4. Codes: the winning class (first of equal errors) and its point; signs are
    the inputs' sign bits, with the cheapest element flipped when the parity
    rule holds and the group is odd.
 
-The choice depends on magnitudes only and zero inputs keep their sign bit, so
-``encode(-x)`` decodes to exactly ``-decode(encode(x))``.  Inputs are scaled per
+On the IQ2 grids the choice depends on magnitudes only and zero inputs keep their sign bit,
+so ``encode(-x)`` decodes to exactly ``-decode(encode(x))``.  Inputs are scaled per
 super-block by a power of two (exact); super-blocks with ``max|x| < 2^-24``
 encode as zeros and ``d`` is clamped to 65504.
 
@@ -68,16 +72,27 @@ SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD
 
 @dataclass(frozen=True)
 class Grid:
-    """What one grid type searches: ``label`` (ggml's name, for messages), ``group_count`` G
-    groups of 8 per 4-bit scale, ``parity`` (a pattern must have an even number of minus
-    signs), ``tau``: class points are scored as B - (t/2) N at the expected step
-    t = tau * the sub-block's weighted RMS magnitude (the median of t* / RMS on Gaussian and
-    Student-t data)."""
+    """What one grid type searches.
+
+    ``label`` ggml's name (for messages); ``group_count`` G groups of 8 per scale;
+    ``parity``: a sign pattern must have an even number of minus signs; ``tau``: class points
+    are scored as B - (t/2) N at the expected step t = tau * the sub-block's weighted RMS
+    magnitude (the median of t* / RMS on Gaussian and Student-t data).  ``levels``: the grid's
+    three entry values; ``signed``: the grid carries the signs (IQ1: -1, 0, 1), so the search
+    runs on the values, not their magnitudes, and stores no sign bits; ``deltas``: the shifts
+    added to every entry, one chosen per sub-block (IQ1_S: +-1/8); a step is
+    ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.
+    """
 
     label: str
     group_count: int
     parity: bool
     tau: float
+    levels: tuple[int, int, int] = (8, 25, 43)
+    signed: bool = False
+    deltas: tuple[float, ...] = (0.0,)
+    step_unit: float = 0.25
+    scale_max: int = 15
 
     @property
     def sub_blocks(self) -> int:
@@ -87,19 +102,25 @@ class Grid:
 @dataclass(frozen=True)
 class Codes:
     """A search's result per super-block: ``d`` uint16 [n] (fp16 bits), ``index`` int64 [n, 32]
-    (grid index per group), ``signs`` int64 [n, 32] (bit j set: element j negative),
-    ``scales`` int64 [n, 32 / G] (4-bit scale per sub-block).  Zero blocks are all zeros."""
+    (grid index per group), ``signs`` int64 [n, 32] (bit j set: element j negative; the
+    inputs' own for a signed grid), ``scales`` and ``delta`` int64 [n, 32 / G] (per sub-block its
+    scale and its shift's index into ``Grid.deltas``).  Zero blocks are all zeros."""
 
     d: np.ndarray
     index: np.ndarray
     signs: np.ndarray
     scales: np.ndarray
+    delta: np.ndarray
 
 
-def search_tables(grid: np.ndarray) -> types.SimpleNamespace:
-    """``grid`` (uint8 [P, 8] of 8 / 25 / 43) in norm-class order (``_ggml_encode.grid_classes``),
-    with the squares ``gsq`` [8, P] of ``gt`` and ``lsq`` of ``lev``; the callers cache it."""
-    t = grid_classes(grid)
+def search_tables(grid: np.ndarray, g: Grid) -> types.SimpleNamespace:
+    """``grid`` (integer [P, 8] of ``g.levels``) in class order (``_ggml_encode.grid_classes``),
+    and per shift v of ``g.deltas``: ``gt`` float32 [V, 8, P] the shifted points, ``gsq`` their
+    squares, ``lev`` / ``lsq`` [V, 3] the shifted levels and their squares; the callers cache it."""
+    t = grid_classes(grid, g.levels, by_sum=g.signed)
+    dv = np.asarray(g.deltas, np.float32)[:, None]
+    t.gt = np.ascontiguousarray(t.gt[None, :, :] + dv[:, :, None])
+    t.lev = (t.lev[None, :] + dv).astype(np.float32)
     t.gsq = t.gt * t.gt
     t.lsq = t.lev * t.lev
     return freeze(t)
@@ -107,7 +128,7 @@ def search_tables(grid: np.ndarray) -> types.SimpleNamespace:
 
 def _codes(n: int, g: Grid) -> Codes:
     return Codes(np.zeros(n, np.uint16), np.zeros((n, 32), np.int64), np.zeros((n, 32), np.int64),
-                 np.zeros((n, g.sub_blocks), np.int64))
+                 np.zeros((n, g.sub_blocks), np.int64), np.zeros((n, g.sub_blocks), np.int64))
 
 
 def _inputs(x, imatrix, label: str, name: str | None):
@@ -136,15 +157,15 @@ def _seq(v) -> float:
 
 def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: int) -> None:
     f0 = np.float32(0.0)
-    gc, ns = grid.group_count, grid.sub_blocks
-    a = np.abs(x)
+    gc, ns, nv = grid.group_count, grid.sub_blocks, len(grid.deltas)
+    unit, inv_unit = grid.step_unit, 1.0 / grid.step_unit
     neg = (x.view(np.uint32) >> 31).astype(np.int64)
-    amax = a.max()
+    amax = np.abs(x).max()
     if amax < TINY:
         return
     ex = math.frexp(float(amax))[1]
     x = x * np.float32(math.ldexp(1.0, -ex))
-    a = a * np.float32(math.ldexp(1.0, -ex))
+    a = x if grid.signed else np.abs(x)          # what the points' levels multiply
     unscale = math.ldexp(1.0, ex)
     if not _seq32(q.reshape(32, 8)) > f0:       # all-zero importance: ones
         q = np.ones(QK, np.float32)
@@ -156,109 +177,131 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
 
     odd = (neg.reshape(32, 8).sum(axis=1) & 1).astype(bool) & grid.parity
     odd2 = np.where(odd, np.float32(2.0), f0).astype(np.float32)
-    prod = p[:, :, None] * t.gt[None, :, :]                          # [32, 8, P]: w a g
-    pen = odd2[:, None] * prod.min(axis=1)                           # the forced flip's cost
-    bvals = (_half(prod, 0) + _half(prod, 4)) - pen                  # B of every point
     bounds = t.cls_start
+    gwa = _rowsum32(p * a.reshape(32, 8)).reshape(ns, gc)           # sum w a^2 per group
+    gw = _rowsum32(w).reshape(ns, gc)
+    s1, s2 = _rowsum32(gwa), _rowsum32(gw)                          # per sub-block, groups in order
+    rms = np.where(s2 > f0, np.sqrt(s1 / np.where(s2 > f0, s2, np.float32(1.0))), f0).astype(np.float32)
+    htau = np.repeat(np.float32(0.5 * grid.tau) * rms, gc).astype(np.float32)
 
-    def classes(htau):
-        """Per group and class the point with the best score B - htau N (htau [32] float32, htau = t / 2
+    def classes(v):
+        """Per group and class, at shift v, the point with the best score B - htau N (htau = t / 2
         at the group's expected step), its B and its own energy N = sum w g^2."""
-        ps = prod - (htau[:, None] * w)[:, :, None] * t.gsq[None, :, :]
+        prod = p[:, :, None] * t.gt[v][None, :, :]                   # [32, 8, P]: w a g
+        pen = odd2[:, None] * prod.min(axis=1)                       # the forced flip's cost
+        bvals = (_half(prod, 0) + _half(prod, 4)) - pen              # B of every point
+        ps = prod - (htau[:, None] * w)[:, :, None] * t.gsq[v][None, :, :]
         score = (_half(ps, 0) + _half(ps, 4)) - pen
         arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
                         for c in range(ncls)], axis=1)               # [32, C], first maximum
         egy = np.zeros((32, ncls), np.float32)
         for j in range(8):
-            egy = egy + w[:, j][:, None] * t.gsq[j][arg]
-        return arg, np.take_along_axis(bvals, arg, axis=1).astype(np.float64), egy.astype(np.float64)
+            egy = egy + w[:, j][:, None] * t.gsq[v][j][arg]
+        return arg, np.take_along_axis(bvals, arg, axis=1).astype(np.float64), egy.astype(np.float64), prod
 
-    def errors(k, tt):              # [C]: each class's error (minus sum w a^2) for group k at step tt
-        return tt * (tt * nn[k] - 2.0 * bd[k])
+    found = [classes(v) for v in range(nv)]
+    barg = [f[0] for f in found]
+    bd = [f[1] for f in found]
+    nn = [f[2] for f in found]
 
-    def best_class(k, tt):
-        return int(np.argmin(errors(k, tt)))
+    def errors(v, k, tt):           # [C]: each class's error (minus sum w a^2) for group k at step tt
+        return tt * (tt * nn[v][k] - 2.0 * bd[v][k])
 
-    def sub_error(m, tt):
-        return _seq(float(errors(gc * m + h, tt).min()) for h in range(gc))
+    def best_class(v, k, tt):
+        return int(np.argmin(errors(v, k, tt)))
 
-    def lsq_t(m, cls):
-        num = _seq(bd[gc * m + h, cls[h]] for h in range(gc))
-        den = _seq(nn[gc * m + h, cls[h]] for h in range(gc))
+    def sub_error(v, m, tt):
+        return _seq(float(errors(v, gc * m + h, tt).min()) for h in range(gc))
+
+    def lsq_t(v, m, cls):
+        num = _seq(bd[v][gc * m + h, cls[h]] for h in range(gc))
+        den = _seq(nn[v][gc * m + h, cls[h]] for h in range(gc))
         return num / den if den > 0.0 else 0.0
 
-    # 2. class points scored at the expected step, then the free step per sub-block by alternation
-    def free_steps():
-        tstar = np.zeros(ns)
-        for m in range(ns):
-            cls = []
-            for h in range(gc):
-                k = gc * m + h
-                gain = np.where(nn[k] > 0.0, bd[k] * bd[k] / np.where(nn[k] > 0.0, nn[k], 1.0), 0.0)
-                cls.append(int(np.argmax(gain)))
-            tt = lsq_t(m, cls)
-            for _ in range(ALT):
-                tt = lsq_t(m, [best_class(gc * m + h, tt) for h in range(gc)])
-            tstar[m] = tt
-        return tstar
+    # 2. the free step per sub-block by alternation, per shift; the shift whose step errs least
+    def free_step(v, m):
+        cls = []
+        for h in range(gc):
+            k = gc * m + h
+            ok = (nn[v][k] > 0.0) & (bd[v][k] > 0.0)
+            gain = np.where(ok, bd[v][k] * bd[v][k] / np.where(ok, nn[v][k], 1.0), 0.0)
+            cls.append(int(np.argmax(gain)))
+        tt = lsq_t(v, m, cls)
+        for _ in range(ALT):
+            tt = lsq_t(v, m, [best_class(v, gc * m + h, tt) for h in range(gc)])
+        return tt
 
-    gwa = _rowsum32(p * a.reshape(32, 8)).reshape(ns, gc)           # sum w a^2 per group
-    gw = _rowsum32(w).reshape(ns, gc)
-    s1, s2 = _rowsum32(gwa), _rowsum32(gw)                          # per sub-block, groups in order
-    rms = np.where(s2 > f0, np.sqrt(s1 / np.where(s2 > f0, s2, np.float32(1.0))), f0).astype(np.float32)
-    barg, bd, nn = classes(np.repeat(np.float32(0.5 * grid.tau) * rms, gc).astype(np.float32))
-    tstar = free_steps()
+    tstar = np.zeros(ns)
+    for m in range(ns):
+        steps = [free_step(v, m) for v in range(nv)]
+        vb = 0
+        if nv > 1:
+            errs = [sub_error(v, m, steps[v]) for v in range(nv)]
+            vb = int(np.argmin(errs))
+        tstar[m] = steps[vb]
+
+    top = float(grid.scale_max - 1)
 
     def eval_d(dn):
-        u = dn * 0.25
+        u = dn * unit
         total = 0.0
         sel = np.zeros(ns, np.int64)
+        vsel = np.zeros(ns, np.int64)
         for m in range(ns):
-            sc = min(tstar[m] / u - 0.5, 14.0)
+            sc = min(tstar[m] / u - 0.5, top)
             s0 = int(math.floor(sc)) if sc > 0.0 else 0
-            e0 = sub_error(m, u * (0.5 + s0))
-            e1 = sub_error(m, u * (0.5 + (s0 + 1)))
-            sel[m] = s0 + 1 if e1 < e0 else s0
-            total += e1 if e1 < e0 else e0
-        return total, sel
+            best = np.inf
+            for v in range(nv):
+                e0 = sub_error(v, m, u * (0.5 + s0))
+                e1 = sub_error(v, m, u * (0.5 + (s0 + 1)))
+                cand, sv = (e1, s0 + 1) if e1 < e0 else (e0, s0)
+                if cand < best:
+                    best, sel[m], vsel[m] = cand, sv, v
+            total += best
+        return total, (sel, vsel)
 
     # 3. d candidates, then least-squares refinement
     tmax = 0.0
     for v in tstar:
         tmax = v if v > tmax else tmax
-    best_total, best_dn, s_sel = best_d(4.0 * tmax / 15.5, unscale, D_MULT, eval_d)
+    best_total, best_dn, picked = best_d(tmax / (unit * (grid.scale_max + 0.5)), unscale, D_MULT, eval_d)
     if best_dn == 0.0:
         return
     for _ in range(LS_STEPS):
+        s_sel, v_sel = picked
         num = 0.0
         den = 0.0
         for m in range(ns):
             h = 0.5 + s_sel[m]
-            tt = best_dn * 0.25 * h
-            cls = [best_class(gc * m + j, tt) for j in range(gc)]
-            num += h * _seq(bd[gc * m + j, cls[j]] for j in range(gc))
-            den += h * h * _seq(nn[gc * m + j, cls[j]] for j in range(gc))
+            tt = best_dn * unit * h
+            v = v_sel[m]
+            cls = [best_class(v, gc * m + j, tt) for j in range(gc)]
+            num += h * _seq(bd[v][gc * m + j, cls[j]] for j in range(gc))
+            den += h * h * _seq(nn[v][gc * m + j, cls[j]] for j in range(gc))
         if not den > 0.0:
             break
-        dn = round_f16(4.0 * num / den * unscale) / unscale
+        dn = round_f16(inv_unit * num / den * unscale) / unscale
         if not dn > 0.0 or dn == best_dn:
             break
         tot, sc = eval_d(dn)
         if not tot < best_total:
             break
-        best_total, best_dn, s_sel = tot, dn, sc
+        best_total, best_dn, picked = tot, dn, sc
 
     # 4. codes; d's bits via numpy's own fp16 conversion (an independent check of round_f16 / f16_bits)
+    s_sel, v_sel = picked
     codes.d[row] = np.array([best_dn * unscale], np.float64).astype("<f2").view(np.uint16)[0]
     codes.scales[row] = s_sel
+    codes.delta[row] = v_sel
     for m in range(ns):
-        tt = best_dn * 0.25 * (0.5 + s_sel[m])
+        tt = best_dn * unit * (0.5 + s_sel[m])
+        v = v_sel[m]
         for h in range(gc):
             k = gc * m + h
-            i = int(barg[k, best_class(k, tt)])
+            i = int(barg[v][k, best_class(v, k, tt)])
             bits = neg[8 * k:8 * k + 8].copy()
             if odd[k]:
-                bits[int(np.argmin(prod[k, :, i]))] ^= 1
+                bits[int(np.argmin(found[v][3][k, :, i]))] ^= 1
             codes.signs[row, k] = int((bits << np.arange(8)).sum())
             codes.index[row, k] = int(t.order[i])
 
@@ -348,7 +391,7 @@ def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
 
 @_jit
 def _free_steps(bd, nn, gc, ns, tstar):
-    """Per sub-block lane m the free step by alternation (as the reference's ``free_steps``)."""
+    """Per sub-block lane m the free step by alternation (as the reference's ``free_step``)."""
     ncls = bd.shape[1]
     for m in range(ns):
         num = 0.0
@@ -358,7 +401,7 @@ def _free_steps(bd, nn, gc, ns, tstar):
             bg = -1.0
             bc = 0
             for c in range(ncls):
-                gv = bd[k, c] * bd[k, c] / nn[k, c] if nn[k, c] > 0.0 else 0.0
+                gv = bd[k, c] * bd[k, c] / nn[k, c] if nn[k, c] > 0.0 and bd[k, c] > 0.0 else 0.0
                 if gv > bg:
                     bg = gv
                     bc = c
@@ -378,18 +421,31 @@ def _free_steps(bd, nn, gc, ns, tstar):
 
 
 @_jit
-def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq, lo, hi, cls_start, norm,
-                   d_mult, out_d, out_idx, out_sg, out_sc):
+def _sub_err(bd, nn, gc, ns, m, tt):
+    """Error of sub-block lane ``m`` at step ``tt``: its groups' least class errors, in order."""
+    e = 0.0
+    for h in range(gc):
+        v, _ = _min_err(bd, nn, h * ns + m, tt)
+        e += v
+    return e
+
+
+@_jit
+def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, gsq, order, lev, lsq, lo, hi,
+                   cls_start, norm, d_mult, out_d, out_idx, out_sg, out_sc, out_dv):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
-    # importance (block i uses row i % nq); codes out (zero-filled, as ``Codes``).
+    # importance (block i uses row i % nq); gt / gsq [V, 8, P] and lev / lsq [V, 3] per shift;
+    # codes out (zero-filled, as ``Codes``).
     nblk = xb.shape[0]
     nq = qb.shape[0]
+    nv = gt.shape[0]
     nsb = SB_CHUNK
     nsub = 32 // gc
     nl = 32 * nsb
     ns = nsub * nsb
     ncls = norm.shape[0]
     f0 = np.float32(0.0)
+    inv_unit = 1.0 / unit
     npts = lo.shape[0]
     ou = np.empty(npts, np.uint64)
     ow = np.empty(npts, np.uint64)
@@ -412,16 +468,20 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
     p3 = np.empty((27, nl), np.float32)
     m3 = np.empty((27, nl), np.float32)
     hh = np.empty(162 * 2 * nl, np.float32)
-    acc = np.empty((ncls, 2 * nl), np.float32)
-    bd = np.empty((nl, ncls))             # per lane, its classes contiguous (the scalar loops run over c)
-    nn = np.empty((nl, ncls))
+    acc = np.empty((nv, ncls, 2 * nl), np.float32)
+    bd = np.empty((nv, nl, ncls))         # per lane, its classes contiguous (the scalar loops run over c)
+    nn = np.empty((nv, nl, ncls))
+    tsv = np.zeros((nv, ns))
     tstar = np.zeros(ns)
     s_try = np.zeros(ns, np.int64)
+    v_try = np.zeros(ns, np.int64)
     s_sel = np.zeros(ns, np.int64)
+    v_sel = np.zeros(ns, np.int64)
     best_total = np.zeros(nsb)
     best_dn = np.zeros(nsb)
     for b0 in range(0, nblk, nsb):
-        # 0. scaled magnitudes, weights, signs and parity as lanes; padding / tiny blocks are zero lanes
+        # 0. scaled values (magnitudes for an unsigned grid), weights, signs and parity as lanes;
+        #    padding / tiny blocks are zero lanes
         for b in range(nsb):
             blk = b0 + b
             amax = np.float32(0.0)
@@ -463,11 +523,12 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
                 sw = f0
                 for j in range(8):
                     v = xs[b, 8 * g + j]
+                    av = v if signed else abs(v)
                     wv = ws[b, 8 * g + j] * np.sqrt(sigma2 + v * v)
                     wl[j, k] = wv
-                    pv = wv * abs(v)
+                    pv = wv * av
                     at[j, k] = pv
-                    swa += pv * abs(v)
+                    swa += pv * av
                     sw += wv
                     ng = np.int64(sbits[blk, 8 * g + j] >> 31) if live[b] else np.int64(0)
                     bits |= ng << j
@@ -476,7 +537,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
                 hpf[k] = 2.0 if parity and par & 1 else 0.0
                 gwa[k] = swa
                 gws[k] = sw
-        # 1. class points scored at each sub-block's expected step; 2. free steps by alternation
+        # 1. class points scored at each sub-block's expected step, per shift; 2. free steps by
+        #    alternation, per shift, and the shift whose step errs least
         for m in range(ns):
             s1 = f0
             s2 = f0
@@ -486,15 +548,27 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
             rms = np.sqrt(s1 / (s2 if s2 > f0 else np.float32(1.0))) if s2 > f0 else f0
             for h in range(gc):
                 htau[h * ns + m] = half_tau * rms
-        _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
-        _class_values(acc, at, wl, hpf, gt, gsq, bd, nn)
-        _free_steps(bd, nn, gc, ns, tstar)
+        for v in range(nv):
+            _class_scores(at, wl, htau, hpf, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
+                          acc[v])
+            _class_values(acc[v], at, wl, hpf, gt[v], gsq[v], bd[v], nn[v])
+            _free_steps(bd[v], nn[v], gc, ns, tsv[v])
+        for m in range(ns):
+            vb = 0
+            if nv > 1:
+                be = np.inf
+                for v in range(nv):
+                    e = _sub_err(bd[v], nn[v], gc, ns, m, tsv[v, m])
+                    if e < be:
+                        be = e
+                        vb = v
+            tstar[m] = tsv[vb, m]
         # 3. d candidates per super-block, then least-squares refinement
         for b in range(nsb):
             tmax = 0.0
             for m in range(nsub * b, nsub * b + nsub):
                 tmax = tstar[m] if tstar[m] > tmax else tmax
-            d0 = 4.0 * tmax / 15.5
+            d0 = tmax / (unit * (smax + 0.5))
             best_total[b] = np.inf
             best_dn[b] = 0.0
             if not live[b]:
@@ -503,12 +577,13 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
                 dn = _round_f16_nb(d0 * d_mult[q] * unscale[b]) / unscale[b]
                 if dn == 0.0:
                     continue
-                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, s_try)
+                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, unit, smax, s_try, v_try)
                 if total < best_total[b]:
                     best_total[b] = total
                     best_dn[b] = dn
                     for m in range(nsub * b, nsub * b + nsub):
                         s_sel[m] = s_try[m]
+                        v_sel[m] = v_try[m]
             if best_dn[b] == 0.0:
                 continue
             for _ in range(LS_STEPS):
@@ -516,28 +591,30 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
                 den = 0.0
                 for m in range(nsub * b, nsub * b + nsub):
                     hv = 0.5 + s_sel[m]
-                    tt = best_dn[b] * 0.25 * hv
+                    tt = best_dn[b] * unit * hv
+                    vm = v_sel[m]
                     sb = 0.0
                     sn = 0.0
                     for h in range(gc):
                         k = h * ns + m
-                        _, bc = _min_err(bd, nn, k, tt)
-                        sb += bd[k, bc]
-                        sn += nn[k, bc]
+                        _, bc = _min_err(bd[vm], nn[vm], k, tt)
+                        sb += bd[vm, k, bc]
+                        sn += nn[vm, k, bc]
                     num += hv * sb
                     den += hv * hv * sn
                 if not den > 0.0:
                     break
-                dn = _round_f16_nb(4.0 * num / den * unscale[b]) / unscale[b]
+                dn = _round_f16_nb(inv_unit * num / den * unscale[b]) / unscale[b]
                 if not dn > 0.0 or dn == best_dn[b]:
                     break
-                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, s_try)
+                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, unit, smax, s_try, v_try)
                 if not total < best_total[b]:
                     break
                 best_total[b] = total
                 best_dn[b] = dn
                 for m in range(nsub * b, nsub * b + nsub):
                     s_sel[m] = s_try[m]
+                    v_sel[m] = v_try[m]
         # 4. codes
         for b in range(nsb):
             blk = b0 + b
@@ -546,18 +623,20 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
             out_d[blk] = _f16_bits_nb(best_dn[b] * unscale[b])
             for ib in range(nsub):
                 m = nsub * b + ib
+                vm = v_sel[m]
                 out_sc[blk, ib] = s_sel[m]
-                tt = best_dn[b] * 0.25 * (0.5 + s_sel[m])
+                out_dv[blk, ib] = vm
+                tt = best_dn[b] * unit * (0.5 + s_sel[m])
                 for h in range(gc):
                     k = h * ns + m
-                    _, bc = _min_err(bd, nn, k, tt)
-                    i = np.int64(acc[bc, nl + k])            # the class's first point reaching its maximum
+                    _, bc = _min_err(bd[vm], nn[vm], k, tt)
+                    i = np.int64(acc[vm, bc, nl + k])        # the class's first point reaching its maximum
                     sg = sgn[k]
                     if hpf[k] != 0.0:                        # odd: flip the cheapest element
                         jm = 0
-                        pm = at[0, k] * gt[0, i]
+                        pm = at[0, k] * gt[vm, 0, i]
                         for j in range(1, 8):
-                            pv = at[j, k] * gt[j, i]
+                            pv = at[j, k] * gt[vm, j, i]
                             if pv < pm:
                                 pm = pv
                                 jm = j
@@ -567,41 +646,39 @@ def _search_kernel(xb, sbits, qb, gc, parity, half_tau, gt, gsq, order, lev, lsq
 
 
 @_jit
-def _eval_d(dn, b, tstar, bd, nn, gc, ns, s_out):
-    """Total error of super-block ``b`` at normalised ``dn``; each sub-block's better of the two
-    scales around its t* -> ``s_out``."""
-    u = dn * 0.25
+def _eval_d(dn, b, tstar, bd, nn, gc, ns, unit, smax, s_out, v_out):
+    """Total error of super-block ``b`` at normalised ``dn``; per sub-block the better of the two
+    scales around its t*, at its best shift -> ``s_out`` / ``v_out``."""
+    u = dn * unit
     total = 0.0
     nsub = 32 // gc
+    top = smax - 1.0
     for m in range(nsub * b, nsub * b + nsub):
-        sc = min(tstar[m] / u - 0.5, 14.0)
+        sc = min(tstar[m] / u - 0.5, top)
         s0 = int(math.floor(sc)) if sc > 0.0 else 0
         t0 = u * (0.5 + s0)
         t1 = u * (0.5 + (s0 + 1))
-        e0 = 0.0
-        e1 = 0.0
-        for h in range(gc):
-            v0, _ = _min_err(bd, nn, h * ns + m, t0)
-            v1, _ = _min_err(bd, nn, h * ns + m, t1)
-            e0 += v0
-            e1 += v1
-        if e1 < e0:
-            s_out[m] = s0 + 1
-            total += e1
-        else:
-            s_out[m] = s0
-            total += e0
+        best = np.inf
+        for v in range(bd.shape[0]):
+            e0 = _sub_err(bd[v], nn[v], gc, ns, m, t0)
+            e1 = _sub_err(bd[v], nn[v], gc, ns, m, t1)
+            cand = e1 if e1 < e0 else e0
+            if cand < best:
+                best = cand
+                s_out[m] = s0 + 1 if e1 < e0 else s0
+                v_out[m] = v
+        total += best
     return total
 
 
 def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Codes, tuple[int, ...]]:
     """float32 ``[..., K]`` (K a multiple of 256, finite) -> the codes of its super-blocks and
-    ``x``'s shape (numba, one thread); ``t`` is ``search_tables(grid)``.
+    ``x``'s shape (numba, one thread); ``t`` is ``search_tables(grid, g)``.
 
     ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``_ggml_encode.check_imatrix``)."""
     xb, qw, shape = _inputs(x, imatrix, g.label, name)
     c = _codes(len(xb), g)
-    _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, np.float32(0.5 * g.tau), t.gt, t.gsq,
-                   t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, c.d, c.index, c.signs,
-                   c.scales)
+    _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, np.float32(0.5 * g.tau),
+                   g.step_unit, float(g.scale_max), t.gt, t.gsq, t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start,
+                   t.cls_norm, D_MULT, c.d, c.index, c.signs, c.scales, c.delta)
     return c, shape

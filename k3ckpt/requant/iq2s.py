@@ -29,7 +29,7 @@ def search_tables():
     """``grid_search.search_tables`` of ``formats.iq2s.grid_table`` (16 norm classes)."""
     from ..formats.iq2s import grid_table
 
-    return grid_search.search_tables(grid_table())
+    return grid_search.search_tables(grid_table(), GRID)
 
 
 def pack(codes: Codes) -> np.ndarray:

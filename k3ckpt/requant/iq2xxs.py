@@ -30,7 +30,7 @@ def search_tables():
     """``grid_search.search_tables`` of ``formats.iq2xxs.grid_table`` (12 norm classes)."""
     from ..formats.iq2xxs import grid_table
 
-    return grid_search.search_tables(grid_table())
+    return grid_search.search_tables(grid_table(), GRID)
 
 
 def pack(codes: Codes) -> np.ndarray:

@@ -18,8 +18,8 @@ import numpy as np
 from .._numba import njit
 from ..errors import NaNScaleError, ShapeError, UsageError
 
-__all__ = ["QK", "TINY", "best_d", "check_imatrix", "check_rows", "class_argmax", "f16_bits", "grid_classes",
-           "half_offsets", "half_sums", "round_f16"]
+__all__ = ["QK", "TINY", "best_d", "check_imatrix", "check_rows", "class_argmax", "class_argmax_plain", "f16_bits",
+           "grid_classes", "half_offsets", "half_sums", "round_f16"]
 
 QK = 256                     # weights per super-block
 F16_MAX = 65504.0
@@ -226,3 +226,25 @@ def class_argmax(hh, ou, ow, cls_start, init, acc):
                 take = v > acc[c, k]               # strict: the first maximum, as numpy's argmax
                 acc[c, k] = v if take else acc[c, k]
                 acc[c, nl + k] = fi if take else acc[c, nl + k]
+
+
+@_jit
+def class_argmax_plain(hh, ou, ow, cls_start, init, acc):
+    """``class_argmax`` for lanes that force no flip (no parity rule: every ``hq`` is a zero):
+    ``(hs lo + hs hi)`` alone, the same decisions with half the loads."""
+    nl = acc.shape[1] // 2
+    for c in range(acc.shape[0]):
+        for k in range(nl):
+            acc[c, k] = init
+            acc[c, nl + k] = 0.0
+        for i in range(cls_start[c], cls_start[c + 1]):
+            o1 = ou[i]
+            o2 = ow[i]
+            fi = np.float32(i)
+            for k in range(nl):
+                uk = np.uint64(k)
+                v = hh[o1 + uk] + hh[o2 + uk]
+                take = v > acc[c, k]
+                acc[c, k] = v if take else acc[c, k]
+                acc[c, nl + k] = fi if take else acc[c, nl + k]
+

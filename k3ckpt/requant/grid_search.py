@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, check_imatrix, check_rows,
-                           class_argmax, freeze, grid_classes, half_offsets, half_sums, round_f16)
+                           class_argmax, class_argmax_plain, freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_reference", "search_tables"]
 
@@ -347,7 +347,7 @@ def _min_err(bd, nn, k, tt):
 
 
 @_jit
-def _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prodm, p2, m2, p3, m3, hh, acc):
+def _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods, prodm, p2, m2, p3, m3, hh, acc):
     """``acc[c, k]``: the best score B - htau N over class c's points for lane k, ``acc[c, L + k]``
     the first point reaching it (as float32: exact).  ``requant.iq2xs._class_maxima``'s pass
     (``_ggml_encode.half_sums``, ``class_argmax``), with the sums taken over ``w a g - (htau w) g^2`` and the
@@ -360,7 +360,10 @@ def _class_scores(at, wl, htau, hpf, lev, lsq, ou, ow, cls_start, prods, prodm, 
                 prodm[j, v, k] = pm
                 prods[j, v, k] = pm - (htau[k] * wl[j, k]) * lsq[v]
     half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh)
-    class_argmax(hh, ou, ow, cls_start, np.float32(-np.inf), acc)   # scores may be negative
+    if parity:                                                       # scores may be negative
+        class_argmax(hh, ou, ow, cls_start, np.float32(-np.inf), acc)
+    else:
+        class_argmax_plain(hh, ou, ow, cls_start, np.float32(-np.inf), acc)
 
 
 @_jit
@@ -549,7 +552,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
             for h in range(gc):
                 htau[h * ns + m] = half_tau * rms
         for v in range(nv):
-            _class_scores(at, wl, htau, hpf, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
+            _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
                           acc[v])
             _class_values(acc[v], at, wl, hpf, gt[v], gsq[v], bd[v], nn[v])
             _free_steps(bd[v], nn[v], gc, ns, tsv[v])

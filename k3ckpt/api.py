@@ -189,7 +189,7 @@ def dequant(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = ids.
 @_for_python
 def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
          split_max_size: int | str | None = "48GB", tensor_type=(), target_bpw: float | None = None,
-         fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+         target_types=None, fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
          workers: int | None = None, resume: bool = False, dry_run: bool = False,
          max_disk: int | str | None = None, staging: str | os.PathLike | None = None, keep_source: bool = False,
          report: str | os.PathLike | None = None, progress: bool = False,
@@ -207,7 +207,11 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         split_max_size: most tensor bytes per file, bytes or a size with a unit; ``None``: one file.
             Several files are named ``OUT-00001-of-0000N.gguf``, as llama.cpp's gguf-split names them.
         tensor_type: ``["REGEX=TYPE", ...]`` per-tensor types, first match wins.
-        target_bpw: mixed precision: expert types chosen by measured error for this average.
+        target_bpw: mixed precision: each stacked expert tensor's type chosen by measured error
+            (importance-weighted with ``imatrix``) so that the experts average this many bits.
+        target_types: the types ``target_bpw`` chooses from (ggml names, a list or ``"a,b"``);
+            default: ``iq1_s``, ``iq2_xxs``, ``iq2_xs``, ``iq2_s``, ``q2_k`` and, for MXFP4 experts,
+            ``mxfp4`` (their lossless repack).
         fallback_type: the type of a tensor whose rows the asked-for type cannot hold.
         chat_template: a file whose text becomes ``tokenizer.chat_template`` (for a source
             without one, or to replace it).
@@ -235,8 +239,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     stage = hub_run_options(str(src), max_disk=max_disk, staging=staging, keep_source=keep_source, push_to=None,
                             private=False, revision=None, dry_run=dry_run)
     options = dict(expert_type=expert_type, outtype=outtype, split_max_bytes=_size(split_max_size, "--split-max-size"),
-                   tensor_type=list(tensor_type), target_bpw=target_bpw, fallback_type=fallback_type,
-                   chat_template=chat_template)
+                   tensor_type=list(tensor_type), target_bpw=target_bpw, target_types=target_types,
+                   fallback_type=fallback_type, chat_template=chat_template)
     if imatrix is not None:
         options["imatrix"] = imatrix
     if stage is not None:   # hf:// source: download shard by shard, convert, delete

@@ -79,12 +79,13 @@ def test_fallback_only_where_the_type_does_not_fit_and_only_when_asked(kimi_k2_t
 
 
 def test_target_bpw_keeps_the_most_error_per_byte_as_mxfp4(k3_tiny, tmp_path):
+    two = ["iq2_xs", "mxfp4"]            # the expert type or its lossless repack
     with open_checkpoint(k3_tiny) as ckpt:
         _, low, _, _ = plan_gguf_types(ckpt)
         lo = _expert_bpw(low)
         hi = 4.25
         target = round(lo + 0.4 * (hi - lo), 3)
-        _, planned, _, choice = plan_gguf_types(ckpt, target_bpw=target)
+        _, planned, _, choice = plan_gguf_types(ckpt, target_bpw=target, target_types=two)
         alloc = choice.allocation
         assert alloc.keep and alloc.bpw == pytest.approx(_expert_bpw(planned), abs=1e-12)
         assert alloc.bpw <= target + 1e-9
@@ -106,15 +107,18 @@ def test_target_bpw_keeps_the_most_error_per_byte_as_mxfp4(k3_tiny, tmp_path):
         # greedy by error per byte: every tensor left at IQ2_XS removes less per byte than the least
         # kept one, unless it was too big for what was left of the budget (all are the same size here)
         assert max(left) <= kept_min
-        res = write_gguf(ckpt, tmp_path / "mixed.gguf", target_bpw=target)
+        assert alloc.by_type() == {"IQ2_XS": len(experts) - len(alloc.keep), "MXFP4": len(alloc.keep)}
+        res = write_gguf(ckpt, tmp_path / "mixed.gguf", target_bpw=target, target_types="iq2_xs,mxfp4")
     written = {t.name: int(t.tensor_type) for t in gguf.GGUFReader(res.paths[0]).tensors}
     assert {n for n, t in written.items() if t == MXFP4} == set(alloc.keep)
 
 
 def test_target_bpw_limits_and_sources(k3_tiny, kimi_k2_tiny):
     with open_checkpoint(k3_tiny) as ckpt:
-        with pytest.raises(UsageError, match="--target-bpw 2.0 is below what the expert types need"):
-            plan_gguf_types(ckpt, target_bpw=2.0)
+        with pytest.raises(UsageError, match=r"--target-bpw 1.5 is below what the expert types need \(1.5625 bpw\)"):
+            plan_gguf_types(ckpt, target_bpw=1.5)
+        with pytest.raises(UsageError, match="--target-types 'q4_k' is not one of"):
+            plan_gguf_types(ckpt, target_bpw=2.0, target_types="iq1_s,q4_k")
         # pinned tensors keep their type and count at their size
         _, planned, _, choice = plan_gguf_types(ckpt, target_bpw=3.0, tensor_type=[r"ffn_down_exps=iq2_xs"])
         assert all(t == IQ2_XS for n, t in _types(planned).items() if n.endswith("ffn_down_exps.weight"))
@@ -123,8 +127,43 @@ def test_target_bpw_limits_and_sources(k3_tiny, kimi_k2_tiny):
         _, dry, _, choice = plan_gguf_types(ckpt, target_bpw=3.0, measure=False)
         assert choice.allocation is None and MXFP4 not in _types(dry).values()
     with open_checkpoint(kimi_k2_tiny) as ckpt:
-        with pytest.raises(UsageError, match="needs MXFP4 experts"):
-            plan_gguf_types(ckpt, expert_type="bf16", target_bpw=6.0)
+        with pytest.raises(UsageError, match="--target-types mxfp4 is a lossless repack, so it needs MXFP4 experts"):
+            plan_gguf_types(ckpt, expert_type="bf16", target_bpw=6.0, target_types=["q2_k", "mxfp4"])
+
+
+def test_target_bpw_chooses_across_the_family(k3_tiny, kimi_k2_tiny, tmp_path):
+    # --target-bpw 1.75 (K3's smallest GGUFs are about 1.3-1.6 bpw; the fixture's 9 stacked tensors
+    # are a ninth of the experts each, so it needs more room than 1.6 for a second type): every
+    # expert tensor takes one of the family's types, the average is at most the target and within
+    # one tensor's largest step of it, and the file holds the chosen types (the greedy itself:
+    # tests/test_allocate.py)
+    from k3ckpt.gguf.choose import TARGET_FAMILY
+
+    with open_checkpoint(k3_tiny) as ckpt:
+        _, planned, _, choice = plan_gguf_types(ckpt, target_bpw=1.75)
+        alloc = choice.allocation
+        experts = {p.info.name: p for p in planned if p.recipe.kind == "experts"}
+        assert set(dict(alloc.types)) == set(experts) and not alloc.weighted
+        assert {p.info.ggml_type for p in experts.values()} <= set(TARGET_FAMILY)
+        assert alloc.bpw == pytest.approx(_expert_bpw(planned), abs=1e-12) and alloc.bpw <= 1.75 + 1e-9
+        params = sum(math.prod(p.info.shape) for p in experts.values())
+        step = max(math.prod(p.info.shape) for p in experts.values()) * (4.25 - 1.5625) / params
+        assert alloc.bpw > 1.75 - step
+        assert alloc.by_type().get("IQ1_S", 0) > 0 and len(alloc.by_type()) >= 2
+        res = write_gguf(ckpt, tmp_path / "k3-mix.gguf", target_bpw=1.75)
+    written = {t.name: t.tensor_type.name for t in gguf.GGUFReader(res.paths[0]).tensors}
+    assert {n: written[n] for n in experts} == dict(alloc.types)
+    assert res.allocation["by_type"] == alloc.by_type() and res.allocation["bpw"] == alloc.bpw
+    assert res.to_dict()["allocation"]["types"] == dict(alloc.types)
+    # a block-FP8 source has no lossless option, so the family leaves mxfp4 out; the fixture's
+    # ffn_down rows of 192 hold none of the family's 256-blocks, so those keep --expert-type
+    with open_checkpoint(kimi_k2_tiny) as ckpt:
+        _, planned, _, choice = plan_gguf_types(ckpt, expert_type="q8_0", target_bpw=8.5)
+    types = {p.info.name: p.info.ggml_type for p in planned if p.recipe.kind == "experts"}
+    down = {n for n in types if n.endswith("ffn_down_exps.weight")}
+    assert down and {types[n] for n in down} == {Q8_0}
+    assert {types[n] for n in set(types) - down} <= set(TARGET_FAMILY) - {MXFP4}
+    assert choice.allocation.by_type()["Q8_0"] == len(down)
 
 
 def test_sample_spreads_over_the_experts():

@@ -90,3 +90,27 @@ def test_an_imatrix_for_another_model_is_refused_first(k3_tiny, layout, tmp_path
     with pytest.raises(UsageError, match="not a multiple of rows of 256"):
         api.gguf(k3_tiny, tmp_path / "o.gguf", expert_type="q2_k", split_max_size=None, workers=1, imatrix=wrong)
     assert list(tmp_path.glob("o.*")) == [] and list(tmp_path.glob(".o*")) == []
+
+
+def test_target_bpw_ranks_by_weighted_error_when_every_tensor_has_an_entry(k3_tiny, layout):
+    # the measuring pass weighs by the importance matrix only when it covers every expert tensor
+    # (a mix of weighted and plain errors would rank unlike things); the file holds what the
+    # allocation says
+    from k3ckpt.gguf.convert import plan_gguf_types
+
+    root, _, tensors = layout
+    full = write_gguf(root / "im-full.gguf", _entries(tensors, seed=3))
+    part = write_gguf(root / "im-part.gguf", _entries(tensors, seed=3, leave_out={sorted(tensors)[0]}))
+    allocs = {}
+    with open_checkpoint(k3_tiny) as src:
+        for label, im in (("full", full), ("part", part), ("none", None)):
+            allocs[label] = plan_gguf_types(src, target_bpw=2.2, imatrix=im)[3].allocation
+    assert allocs["full"].weighted and not allocs["part"].weighted and not allocs["none"].weighted
+    # the weighted sums are on another scale than the plain ones (the encoders weigh by the
+    # matrix either way, so "part" measures weighted encodes by their plain error)
+    assert allocs["full"].sse != pytest.approx(allocs["part"].sse)
+    assert all(a.bpw <= 2.2 + 1e-9 for a in allocs.values())
+    res = api.gguf(k3_tiny, root / "mix.gguf", target_bpw=2.2, split_max_size=None, workers=1, imatrix=full)
+    written = {t.name: t.tensor_type.name for t in gguf.GGUFReader(res.paths[0]).tensors}
+    assert {n: written[n] for n, _ in allocs["full"].types} == dict(allocs["full"].types)
+    assert res.allocation["weighted"] is True and res.allocation["types"] == dict(allocs["full"].types)

@@ -25,8 +25,11 @@ from .source import hub_option, source_argument
 @click.option("--tensor-type", "tensor_type", multiple=True, metavar="REGEX=TYPE",
               help="Per-tensor ggml type by a regex on GGUF tensor names, first match wins. Repeatable.")
 @click.option("--target-bpw", "target_bpw", type=float, default=None, metavar="X",
-              help="Mixed precision: expert types chosen by measured error so the experts average X bits "
-                   "per weight.")
+              help="Mixed precision: each stacked expert tensor's type chosen by measured error (importance-"
+                   "weighted with --imatrix) so the experts average X bits per weight.")
+@click.option("--target-types", "target_types", default=None, metavar="LIST",
+              help="The types --target-bpw chooses from, comma-separated (default: iq1_s, iq2_xxs, iq2_xs, "
+                   "iq2_s, q2_k and, for MXFP4 experts, mxfp4: their lossless repack).")
 @click.option("--imatrix", "imatrix", default=None, metavar="FILE",
               help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the q2_k, iq1_s, "
                    "iq2_xxs and iq2_s encoders weigh their error by it; the report gives weighted errors beside plain ones.")
@@ -55,8 +58,8 @@ from .source import hub_option, source_argument
               help="Print the files, types, bytes, free space and a time estimate; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, ray, fallback_type, chat_template,
-            split_max_size, workers, resume, max_disk, staging, keep_source, report, dry_run, as_json, quiet):
+def command(src, out, expert_type, outtype, tensor_type, target_bpw, target_types, imatrix, ray, fallback_type,
+            chat_template, split_max_size, workers, resume, max_disk, staging, keep_source, report, dry_run, as_json, quiet):
     """Write OUT: the checkpoint SRC as GGUF for llama.cpp: Kimi K3 (MXFP4) as kimi-k3, its text
     model; Kimi K2 / DeepSeek-V3 (block FP8, K2-Thinking's INT4) as deepseek2; gpt-oss (MXFP4).
 
@@ -81,7 +84,8 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, ra
     """
     size = None if split_max_size.strip().lower() == "none" else split_max_size
     result = api.gguf(src, out, expert_type=expert_type, outtype=outtype, split_max_size=size,
-                      tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
+                      tensor_type=tensor_type, target_bpw=target_bpw, target_types=target_types,
+                      fallback_type=fallback_type,
                       chat_template=chat_template, workers=workers,
                       resume=resume, dry_run=dry_run, report=report, max_disk=max_disk, staging=staging,
                       keep_source=keep_source, progress=not quiet and not dry_run and sys.stderr.isatty(),
@@ -112,6 +116,12 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, imatrix, ra
     else:
         done = f", {len(result.resumed)} kept from an earlier run" if result.resumed else ""
         click.echo(f"{result.seconds:.1f} s with {result.workers} worker(s){done}; manifest: {result.manifest}")
+        if result.allocation is not None:
+            a = result.allocation
+            mix = ", ".join(f"{t} {n}" for t, n in a.get("by_type", {}).items())
+            click.echo(f"--target-bpw {target_bpw:g}: routed experts at {a['bpw']:.4f} bpw "
+                       f"({mix or 'one type'} stacked tensors; errors "
+                       f"{'importance-weighted' if a.get('weighted') else 'unweighted'})")
         if result.report is not None:
             weighted = "" if result.weighted_snr_db is None else \
                 f" (importance-weighted {fmt_db(result.weighted_snr_db)} dB)"

@@ -9,11 +9,13 @@ tensor's rows. A type that does not fit is an error naming the types that do,
 unless ``--fallback-type`` was given and fits: then that tensor takes it and the
 result says so. Nothing is ever changed silently.
 
-``--target-bpw X`` mixes the expert type with a lossless MXFP4 repack of an MXFP4
-source: each stacked expert tensor (one layer's projection, the unit a GGUF type
-applies to) is measured on a sample of its experts, and ``requant.allocate`` keeps
-the tensors with the most error per extra byte in MXFP4 while the routed experts'
-average stays at or below ``X``.
+``--target-bpw X`` chooses each stacked expert tensor's type (one layer's
+projection, the unit a GGUF type applies to) from ``--target-types`` (default: the
+whole family k3ckpt encodes, IQ1_S, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, and for an MXFP4
+source its lossless MXFP4 repack): each is measured in every type on a sample of
+its experts (importance-weighted when ``--imatrix`` covers every tensor), and
+``requant.allocate.allocate_choices`` takes the upgrades with the most error removed
+per extra byte while the routed experts' average stays at or below ``X``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from typing import Iterable, Sequence
 
 from ..errors import ShapeError, UsageError
 from . import container as C
-from .tensors import MXFP4, Planned
+from .tensors import IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Planned
 
 SAMPLE_EXPERTS = 8      # experts measured per stacked tensor for --target-bpw (evenly spaced)
+# --target-types' default: every type k3ckpt encodes an expert into, cheapest first, and the
+# lossless repack of an MXFP4 source
+TARGET_FAMILY = (IQ1_S, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, MXFP4)
 
 
 @dataclass(frozen=True)
@@ -116,21 +121,29 @@ def _sample(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / max(1, m - 1)) for i in range(m)})
 
 
-def allocate_experts(ckpt, planned: Sequence[Planned], target_bpw: float, *, pinned: Iterable[str] = (),
-                     sample: int = SAMPLE_EXPERTS, progress: bool = False) -> tuple[list[Planned], object]:
-    """``--target-bpw``: keep the stacked expert tensors with the most error per extra byte as
-    MXFP4 (a lossless repack) while the routed experts' average is at most ``target_bpw``.
-    Tensors in ``pinned`` (named by ``--tensor-type``) keep their type and count at their size."""
+def allocate_experts(ckpt, planned: Sequence[Planned], target_bpw: float, *, types: Sequence[int] | None = None,
+                     pinned: Iterable[str] = (), importance=None, sample: int = SAMPLE_EXPERTS,
+                     progress: bool = False) -> tuple[list[Planned], object]:
+    """``--target-bpw``: each stacked expert tensor takes one of ``types`` (default
+    ``TARGET_FAMILY``; MXFP4 only from MXFP4 experts) so that the routed experts' average is at
+    most ``target_bpw``, with the least measured error. Tensors in ``pinned`` (named by
+    ``--tensor-type``) keep their type and count at their size; a tensor none of ``types`` fits
+    keeps its own. ``importance`` (``--imatrix``): errors weighted by it when it covers every
+    measured tensor."""
     from tqdm import tqdm
 
-    from ..requant.allocate import Candidate, allocate
+    from ..requant.allocate import Allocation, Item, Option, allocate_choices
+    from .pool import expert_importance
     from .produce import expert_piece
 
     pinned = set(pinned)
     experts = [p for p in planned if p.recipe.kind == "experts"]
-    if any(p.source_dtype != "MXFP4" for p in experts):
-        raise UsageError("--target-bpw mixes the expert type with a lossless MXFP4 repack, so it needs MXFP4 "
-                         "experts (Kimi K3, gpt-oss); pick types with --tensor-type instead")
+    mxfp4_source = all(p.source_dtype == "MXFP4" for p in experts)
+    if types is None:
+        types = tuple(t for t in TARGET_FAMILY if t != MXFP4 or mxfp4_source)
+    elif MXFP4 in types and not mxfp4_source:
+        raise UsageError("--target-types mxfp4 is a lossless repack, so it needs MXFP4 experts (Kimi K3, "
+                         "gpt-oss); leave it out for this source")
     free = [p for p in experts if p.info.name not in pinned and p.info.ggml_type != MXFP4]
     params = sum(math.prod(p.info.shape) for p in experts)
     fixed_bits = 8 * sum(p.info.nbytes for p in experts if p not in free)
@@ -139,19 +152,36 @@ def allocate_experts(ckpt, planned: Sequence[Planned], target_bpw: float, *, pin
         raise UsageError("--target-bpw has no expert tensor to choose a type for (all are set by --tensor-type)")
     # the budget over every routed expert, less what the pinned tensors take, spread over the free ones
     free_target = (target_bpw * params - fixed_bits) / free_params
-    cands = []
+    measured = {}          # (tensor, type) -> (plain sse, weighted sse or None), scaled to all its experts
     for p in tqdm(free, desc="measure", unit="tensor", disable=not progress):
         picks = _sample(p.recipe.arg, sample)
-        sse = sum(s.count * s.err_rms ** 2 for s in (expert_piece(ckpt, p, e, measure=True).result.stats
-                                                    for e in picks))
-        kept = C.TensorInfo(p.info.name, MXFP4, p.info.shape)
-        cands.append(Candidate(p.info.name, math.prod(p.info.shape), kept.nbytes, p.info.nbytes,
-                               sse * p.recipe.arg / len(picks)))
+        for t in [t for t in types if fits(t, p.info.shape[-1])] or [p.info.ggml_type]:
+            plain, weighted = 0.0, 0.0
+            if t != MXFP4:                       # MXFP4 from MXFP4: the same values, no error
+                for e in picks:
+                    r = expert_piece(ckpt, _retyped(p, t), e, measure=True,
+                                     imatrix=expert_importance(importance, p, e)).result
+                    plain += r.stats.count * r.stats.err_rms ** 2
+                    weighted = None if weighted is None or r.weighted is None else weighted + r.weighted[1]
+            scale = p.recipe.arg / len(picks)
+            measured[p.info.name, t] = (plain * scale, None if weighted is None else weighted * scale)
+    use_weighted = importance is not None and all(w is not None for _, w in measured.values())
+    options: dict[str, list] = {}
+    for (name, t), (plain, weighted) in measured.items():
+        options.setdefault(name, []).append((t, weighted if use_weighted else plain))
+    by_name = {p.info.name: p for p in free}
+    items = [Item(name, math.prod(by_name[name].info.shape),
+                  tuple(Option(C.type_name(t), C.TensorInfo(name, t, by_name[name].info.shape).nbytes, sse)
+                        for t, sse in opts))
+             for name, opts in options.items()]
     try:
-        alloc = allocate(cands, free_target)
+        chosen, _, sse = allocate_choices(items, free_target, what="the expert types")
     except UsageError:
-        low = (fixed_bits + 8 * sum(p.info.nbytes for p in free)) / params
+        low = (fixed_bits + sum(8 * min(o.bytes for o in i.options) for i in items)) / params
         raise UsageError(f"--target-bpw {target_bpw} is below what the expert types need ({low:.4f} bpw)") from None
-    planned = [_retyped(p, MXFP4) if p.info.name in alloc.keep else p for p in planned]
+    by_label = {C.type_name(t): t for t in {t for _, t in measured}}
+    planned = [_retyped(p, by_label[chosen[p.info.name].label]) if p.info.name in chosen else p for p in planned]
     total = 8 * sum(p.info.nbytes for p in planned if p.recipe.kind == "experts") / params
-    return planned, replace(alloc, target_bpw=float(target_bpw), bpw=total)
+    keep = frozenset(n for n, o in chosen.items() if o.label == C.type_name(MXFP4))
+    return planned, Allocation(keep, float(target_bpw), total, sse,
+                               types=tuple(sorted((n, o.label) for n, o in chosen.items())), weighted=use_weighted)

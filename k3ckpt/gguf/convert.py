@@ -59,6 +59,7 @@ class GGUFResult:
     snr_db: float | None = None        # the routed experts' pooled SNR against the source values
     weighted_snr_db: float | None = None   # --imatrix: the same, importance-weighted (experts with an entry)
     cluster: dict | None = None        # --ray: the address and, per node, tasks / busy s / source bytes
+    allocation: dict | None = None     # --target-bpw: requant.allocate.Allocation.to_dict() (types chosen)
 
     def __repr__(self) -> str:
         verb = "would write" if self.dry_run else "wrote"
@@ -76,17 +77,21 @@ class GGUFResult:
                 "report": str(self.report) if self.report is not None else None,
                 "snr_db": _float_out(self.snr_db) if self.snr_db is not None else None,
                 "weighted_snr_db": _float_out(self.weighted_snr_db) if self.weighted_snr_db is not None else None,
+                "allocation": self.allocation,
                 **({} if self.cluster is None else {"ray": self.cluster})}
 
 
 def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = None, tensor_type=(),
-                    fallback_type: str | None = None, target_bpw: float | None = None,
-                    chat_template: str | os.PathLike | None = None, measure: bool = True, progress: bool = False):
+                    fallback_type: str | None = None, target_bpw: float | None = None, target_types=None,
+                    chat_template: str | os.PathLike | None = None, measure: bool = True, progress: bool = False,
+                    imatrix: str | os.PathLike | None = None):
     """(metadata, planned tensors, skipped source names, ``choose.TypeChoice``) for a checkpoint
     ``arch`` maps. ``tensor_type``: ``["REGEX=TYPE", ...]``; ``fallback_type``: the type of a tensor
-    whose rows the asked-for type cannot hold; ``target_bpw``: measured mixed precision (with
-    ``measure=False``, as for a dry run, every expert stays at ``expert_type``); ``chat_template``:
-    a file whose text is written as ``tokenizer.chat_template`` (in place of the source's)."""
+    whose rows the asked-for type cannot hold; ``target_bpw``: measured mixed precision over
+    ``target_types`` (ggml type names; default ``choose.TARGET_FAMILY``), errors weighted by
+    ``imatrix`` where it covers every expert tensor (with ``measure=False``, as for a dry run,
+    every expert stays at ``expert_type``); ``chat_template``: a file whose text is written as
+    ``tokenizer.chat_template`` (in place of the source's)."""
     from .arch import plan
     from .choose import allocate_experts, assign_types, parse_tensor_types
 
@@ -94,6 +99,7 @@ def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = 
     ot = None if outtype is None else ggml_type(outtype, OUT_TYPES, "--outtype")
     fb = None if fallback_type is None else ggml_type(fallback_type, EXPERT_TYPES, "--fallback-type")
     overrides = parse_tensor_types(tensor_type, EXPERT_TYPES)
+    tts = parse_target_types(target_types)
     if target_bpw is not None and not 0 < float(target_bpw) < 32:
         raise UsageError(f"--target-bpw must be a number of bits per weight, found {target_bpw}")
     # experts planned as F32 (every row size holds it); assign_types gives them their types
@@ -101,8 +107,9 @@ def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = 
     planned, choice = assign_types(planned, expert_type=et, overrides=overrides, fallback_type=fb,
                                    types=EXPERT_TYPES)
     if target_bpw is not None and measure:
-        planned, alloc = allocate_experts(ckpt, planned, float(target_bpw),
-                                          pinned={n for n, _ in choice.overridden}, progress=progress)
+        planned, alloc = allocate_experts(ckpt, planned, float(target_bpw), types=tts,
+                                          pinned={n for n, _ in choice.overridden},
+                                          importance=load_importance(imatrix, planned), progress=progress)
         choice = dataclasses.replace(choice, allocation=alloc)
     if ckpt.root is None:
         raise UnsupportedError("the vocabulary is read from the checkpoint's folder; pass a local folder")
@@ -111,6 +118,27 @@ def plan_gguf_types(ckpt, *, expert_type: str = "iq2_xs", outtype: str | None = 
         vocab = [kv for kv in vocab if kv.key != "tokenizer.chat_template"] + \
             [C.KV("tokenizer.chat_template", C.STRING, _read_template(chat_template))]
     return kvs + vocab, planned, skipped, choice
+
+
+def parse_target_types(names) -> tuple[int, ...] | None:
+    """``--target-types``: ggml type names (a list, or one comma-separated string) -> ggml types;
+    None or empty: None (the family default)."""
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n.strip()]
+    if not names:
+        return None
+    return tuple(dict.fromkeys(ggml_type(n, EXPERT_TYPES, "--target-types") for n in names))
+
+
+def load_importance(imatrix: str | os.PathLike | None, planned):
+    """``--imatrix``'s ``requant.importance.Importance`` for the planned expert tensors (checked
+    against their names and row sizes), or None without one."""
+    if imatrix is None:
+        return None
+    from ..requant.importance import load_gguf_importance
+
+    return load_gguf_importance(imatrix, [(p.info.name, int(p.info.shape[0]), int(p.info.shape[-1]))
+                                          for p in planned if p.recipe.kind == "experts"])
 
 
 def _read_template(path: str | os.PathLike) -> str:
@@ -134,7 +162,7 @@ def plan_gguf(ckpt, **options):
 def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
                split_max_bytes: int | None = DEFAULT_SPLIT_BYTES, dry_run: bool = False, progress: bool = False,
                resume: bool = False, workers: int | None = 1, tensor_type=(), target_bpw: float | None = None,
-               fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+               target_types=None, fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
                vocab_dir: str | os.PathLike | None = None, report: str | os.PathLike | None = None,
                imatrix: str | os.PathLike | None = None, ray: str | None = None) -> GGUFResult:
     """Write ``out`` (or its ``-0000i-of-0000N`` splits) from ``ckpt``, with its manifest beside it
@@ -155,10 +183,12 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
     view = with_root(ckpt, vocab_dir)
     if not dry_run:
         precheck(view, out, resume=resume, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
-                 tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type, imatrix=imatrix)
+                 tensor_type=tensor_type, target_bpw=target_bpw, target_types=target_types,
+                 fallback_type=fallback_type, imatrix=imatrix)
     job = plan_job(view, out, expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
-                   tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
-                   chat_template=chat_template, measure=not dry_run, progress=progress, imatrix=imatrix)
+                   tensor_type=tensor_type, target_bpw=target_bpw, target_types=target_types,
+                   fallback_type=fallback_type, chat_template=chat_template, measure=not dry_run, progress=progress,
+                   imatrix=imatrix)
     if dry_run:
         return dry_result(job, estimate(view, job, n))
     return run_job(view, job, resume=resume, workers=n, report=report, progress=progress, ray=ray)

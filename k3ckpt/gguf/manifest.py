@@ -27,7 +27,8 @@ _SPLIT = re.compile(r"^(?P<prefix>.+)-\d{5}-of-\d{5}\.gguf$")
 
 # Manifest option keys and the flags that set them (a refused resume names the flag).
 OPTION_FLAGS = {"expert_type": "--expert-type", "outtype": "--outtype", "split_max_bytes": "--split-max-size",
-                "tensor_type": "--tensor-type", "target_bpw": "--target-bpw", "fallback_type": "--fallback-type"}
+                "tensor_type": "--tensor-type", "target_bpw": "--target-bpw",
+                "target_types": "--target-types", "fallback_type": "--fallback-type"}
 
 
 def prefix_of(out: str | os.PathLike) -> str:

@@ -54,6 +54,7 @@ class Job:
     options: dict
     source: dict
     importance: object | None = None    # requant.importance.Importance (--imatrix) or None
+    allocation: dict | None = None      # --target-bpw: the types chosen (Allocation.to_dict())
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -109,14 +110,21 @@ def with_root(ckpt, root: str | os.PathLike | None):
 
 
 def job_options(*, expert_type: str = "iq2_xs", outtype: str | None = None, split_max_bytes: int | None = None,
-                tensor_type=(), target_bpw: float | None = None, fallback_type: str | None = None,
-                chat_template: str | os.PathLike | None = None, imatrix: str | os.PathLike | None = None) -> dict:
+                tensor_type=(), target_bpw: float | None = None, target_types=None,
+                fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+                imatrix: str | os.PathLike | None = None) -> dict:
     """The options a manifest records (those that change the bytes; not ``workers``); an
-    importance matrix by its file's name and size, and only when given (earlier manifests match)."""
+    importance matrix by its file's name and size, and only when given (earlier manifests match);
+    with ``target_bpw``, the types it chooses from."""
     out = {"expert_type": expert_type.strip().lower(), "outtype": outtype.strip().lower() if outtype else None,
            "split_max_bytes": split_max_bytes, "tensor_type": list(tensor_type), "target_bpw": target_bpw,
            "fallback_type": fallback_type.strip().lower() if fallback_type else None,
            "chat_template": str(chat_template) if chat_template is not None else None}
+    if target_bpw is not None:
+        from .choose import TARGET_FAMILY
+        from .convert import parse_target_types
+
+        out["target_types"] = [C.type_name(t).lower() for t in parse_target_types(target_types) or TARGET_FAMILY]
     if imatrix is not None:
         p = Path(imatrix)
         out["imatrix"] = {"name": p.name, "bytes": p.stat().st_size if p.is_file() else None}
@@ -130,28 +138,25 @@ def precheck(ckpt, out: str | os.PathLike, *, resume: bool, **options) -> None:
 
 def plan_job(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", outtype: str | None = None,
              split_max_bytes: int | None = None, tensor_type=(), target_bpw: float | None = None,
-             fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
+             target_types=None, fallback_type: str | None = None, chat_template: str | os.PathLike | None = None,
              measure: bool = True, progress: bool = False, imatrix: str | os.PathLike | None = None) -> Job:
     """Everything a run of these options writes (``Job``), from ``ckpt``'s headers and vocabulary
     (``measure``: with ``target_bpw``, measure the experts to choose their types; a dry run does not).
     ``imatrix``: an importance matrix, checked here against the expert tensors (``importance``)."""
-    from .convert import plan_gguf
+    from .convert import load_importance, plan_gguf_types
 
-    kvs, planned, skipped = plan_gguf(ckpt, expert_type=expert_type, outtype=outtype, measure=measure,
-                                      progress=progress, tensor_type=list(tensor_type), target_bpw=target_bpw,
-                                      fallback_type=fallback_type, chat_template=chat_template)
-    importance = None
-    if imatrix is not None:
-        from ..requant.importance import load_gguf_importance
-
-        importance = load_gguf_importance(imatrix, [(p.info.name, int(p.info.shape[0]), int(p.info.shape[-1]))
-                                                    for p in planned if p.recipe.kind == "experts"])
+    kvs, planned, skipped, choice = plan_gguf_types(
+        ckpt, expert_type=expert_type, outtype=outtype, measure=measure, progress=progress,
+        tensor_type=list(tensor_type), target_bpw=target_bpw, target_types=target_types,
+        fallback_type=fallback_type, chat_template=chat_template, imatrix=imatrix)
+    importance = load_importance(imatrix, planned)
     files = plan_files(out, kvs, [p.info for p in planned], split_max_bytes=split_max_bytes)
     options = job_options(expert_type=expert_type, outtype=outtype, split_max_bytes=split_max_bytes,
-                          tensor_type=tensor_type, target_bpw=target_bpw, fallback_type=fallback_type,
-                          chat_template=chat_template, imatrix=imatrix)
+                          tensor_type=tensor_type, target_bpw=target_bpw, target_types=target_types,
+                          fallback_type=fallback_type, chat_template=chat_template, imatrix=imatrix)
+    alloc = None if choice.allocation is None else choice.allocation.to_dict()
     return Job(Path(out), tuple(kvs), tuple(planned), tuple(skipped), tuple(files), split_max_bytes, options,
-               source_identity(ckpt), importance)
+               source_identity(ckpt), importance, alloc)
 
 
 # -- the dry run's time estimate -------------------------------------------------------------
@@ -406,7 +411,7 @@ def run_job(ckpt, job: Job, *, resume: bool = False, workers: int = 1, report: s
     manifest.finish(splits=len(job.files), tensors=len(planned), bytes=job.total_size, seconds=round(seconds, 3))
     return GGUFResult(job.paths, len(planned), job.total_size, job.bytes_by_type(), job.skipped,
                       resumed=tuple(done), seconds=seconds, workers=workers, manifest=manifest.path,
-                      report=report_dir, snr_db=snr, weighted_snr_db=wsnr,
+                      report=report_dir, snr_db=snr, weighted_snr_db=wsnr, allocation=job.allocation,
                       cluster=None if ray is None else {"address": ray, "workers": workers, "nodes": nodes})
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs, gguf-iq2_s, gguf-iq1_s) against ggml's own quantizers.
+"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs, gguf-iq2_s, gguf-iq1_m, gguf-iq1_s) against ggml's own quantizers.
 
     python tools/bench_llamacpp_quants.py                  # [1024, 3584]: a third of a K3 w1 expert
     python tools/bench_llamacpp_quants.py --size 256x3584 --repeat 1
     python tools/bench_llamacpp_quants.py --json
+    python tools/bench_llamacpp_quants.py --formats iq1_m,iq1_s
 
 Data: the generator of tools/bench_requant.py: a unit Gaussian and a Student-t(5)
 with per-row scale spread, MXFP4-ized (OCP encoder) and decoded; errors are
@@ -43,12 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_requant  # noqa: E402  (same data generator and timing helper)
 from bench_iq2xs import pin_one_core  # noqa: E402  (the same pinning)
+from k3ckpt.formats import iq1m as fmt_iq1m  # noqa: E402
 from k3ckpt.formats import iq1s as fmt_iq1s  # noqa: E402
 from k3ckpt.formats import iq2s as fmt_iq2s  # noqa: E402
 from k3ckpt.formats import iq2xxs as fmt_iq2xxs  # noqa: E402
 from k3ckpt.formats import mxfp4  # noqa: E402
 from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
-from k3ckpt.requant import iq1s, iq2s, iq2xxs, q2_k  # noqa: E402
+from k3ckpt.requant import iq1m, iq1s, iq2s, iq2xxs, q2_k  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
 FORMATS = {
@@ -56,6 +58,7 @@ FORMATS = {
     "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k, False),
     "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs, True),
     "iq2_s": (22, fmt_iq2s.BLOCK_BYTES, iq2s.encode, fmt_iq2s.decode_iq2s, True),
+    "iq1_m": (29, fmt_iq1m.BLOCK_BYTES, iq1m.encode, fmt_iq1m.decode_iq1m, True),
     "iq1_s": (19, fmt_iq1s.BLOCK_BYTES, iq1s.encode, fmt_iq1s.decode_iq1s, True),
 }
 
@@ -94,14 +97,15 @@ def weighted_snr(x: np.ndarray, y: np.ndarray, q: np.ndarray | None) -> float:
     return 10 * math.log10(float((w * x64 * x64).sum()) / float((w * e * e).sum()))
 
 
-def run(n: int, k: int, repeat: int, seed: int) -> dict:
+def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS)) -> dict:
     ggml, note = ggml_quantizer()
     rng = np.random.default_rng(seed + 1)
     importance = {"none": None, "synthetic": np.exp(rng.normal(0.0, 1.0, k)).astype(np.float32)}
     res: dict = {"shape": [n, k], "weights": n * k, "ggml": note, "quality": [], "speed": []}
     sources = {name: mxfp4.decode_pair(*mxfp4.encode_pair(x))
                for name, x in bench_requant.datasets(n, k, seed).items()}
-    for fname, (gtype, _, enc, dec, needs) in FORMATS.items():
+    for fname in formats:
+        gtype, _, enc, dec, needs = FORMATS[fname]
         for sname, src in sources.items():
             for iname, q in importance.items():
                 row = {"format": fname, "source": sname, "imatrix": iname,
@@ -167,12 +171,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of: " + ", ".join(FORMATS))
     args = ap.parse_args(argv)
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    if not formats or set(formats) - set(FORMATS):
+        raise SystemExit(f"--formats: choose from {', '.join(FORMATS)}")
     n, k = bench_requant.parse_size(args.size)
     if k % 256:
         raise SystemExit(f"K = {k} is not a multiple of 256: these types are not applicable")
     pin_note = "not pinned" if args.no_pin else pin_one_core()
-    res = run(n, k, args.repeat, args.seed)
+    res = run(n, k, args.repeat, args.seed, formats)
     res["pinning"] = pin_note
     print(json.dumps(res, indent=2) if args.json else render(res, pin_note))
     return 0 if all(t["pass"] for t in res["targets"]) else 1

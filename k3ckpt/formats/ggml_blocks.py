@@ -1,4 +1,4 @@
-"""What the llama.cpp block formats (``gguf-iq1_s``, ``gguf-iq2_xs``, ``gguf-iq2_xxs``, ``gguf-iq2_s``,
+"""What the llama.cpp block formats (``gguf-iq1_s``, ``gguf-iq1_m``, ``gguf-iq2_xs``, ``gguf-iq2_xxs``, ``gguf-iq2_s``,
 ``gguf-q2_k``) share.
 
 Each stores a weight ``[..., K]`` (K a multiple of 256) as one U8 tensor

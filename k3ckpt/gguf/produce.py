@@ -17,14 +17,15 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from .container import type_name
-from .tensors import BF16, F16, F32, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0, Planned
+from .tensors import BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0, Planned
 
 CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
 DECODED = ("F8_BLOCK", "INT4_PACK")     # quantized sources _load returns as float32
 
 # ggml type -> the registered format that writes ggml's block bytes (``FormatInfo.ggml_type``): from an
 # MXFP4 expert's codes, and from floats (with the part holding the bytes)
-_BLOCK_FORMATS = {IQ2_XS: "IQ2_XS", IQ2_XXS: "IQ2_XXS", IQ2_S: "IQ2_S", IQ1_S: "IQ1_S", Q2_K: "Q2_K", MXFP4: "MXFP4"}
+_BLOCK_FORMATS = {IQ2_XS: "IQ2_XS", IQ2_XXS: "IQ2_XXS", IQ2_S: "IQ2_S", IQ1_S: "IQ1_S", IQ1_M: "IQ1_M", Q2_K: "Q2_K",
+                  MXFP4: "MXFP4"}
 
 
 def _by_ggml_type() -> dict[str, object]:

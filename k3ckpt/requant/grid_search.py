@@ -1,13 +1,14 @@
-"""The weighted grid search that the IQ2_XXS, IQ2_S and IQ1_S encoders share, numba.
+"""The weighted grid search that the IQ2_XXS, IQ2_S, IQ1_S and IQ1_M encoders share, numba.
 
 The IQ2 types decode a super-block of 256 weights as ``d * (0.5 + s) / 4 * g * sign``:
 ``d`` one fp16, ``s`` a 4-bit scale per sub-block of ``G`` groups of 8 weights, ``g`` an
 8-vector of a grid with entries 8, 25, 43 per group and ``sign`` an 8-bit pattern.  IQ1_S
 decodes as ``d * (2 s + 1) * (g + delta)``: ``s`` 3 bits, ``g`` from a grid of -1, 0, 1 (the
-signs are in the grid) and ``delta`` = +-1/8 per sub-block.  What differs is a ``Grid`` row:
+signs are in the grid) and ``delta`` = +-1/8 per sub-block; IQ1_M the same with ``s`` per 16
+weights and ``delta`` per group of 8.  What differs is a ``Grid`` row:
 the grid (IQ2_XXS: 256 points, IQ2_S: 1024, IQ1_S: 2048), ``G`` (4: a scale per 32 weights;
 2: per 16), the parity rule (IQ2_XXS stores 7 sign bits, so a pattern has an even number of
-minus signs; IQ2_S stores all 8), a signed grid, the shifts and the scale's step and range.
+minus signs; IQ2_S stores all 8), a signed grid, the shifts (per sub-block or per group) and the scale's step and range.
 The search returns codes (``Codes``: d, per group its grid index and sign pattern, per
 sub-block its scale and shift); each format module packs them into its bytes.
 
@@ -31,7 +32,8 @@ square, all-ones importance when none is given).  Per super-block:
 2. Per sub-block of ``G`` groups: a free step ``t*``: classes by their best gain
    ``B^2 / N`` (``B > 0``), then ``ALT`` rounds of the least-squares ``t`` for the chosen
    classes and the best classes at that ``t``; with two shifts, the step of the shift
-   that errs less there.
+   that errs less there.  With a shift per group (IQ1_M) the two shifts' classes stand side
+   by side as one list, so each group picks a (shift, class) pair and there is one pass.
 3. Per super-block: fp16 ``d`` candidates ``max t* / (unit * (scale_max + 0.5)) * D_MULT``
    (IQ2: ``4 max t* / 15.5``); for each, every sub-block takes the best of the two scales
    around ``t* / (d unit) - 0.5`` at each shift (the class minimum per group); then up to ``LS_STEPS``
@@ -80,7 +82,8 @@ class Grid:
     magnitude (the median of t* / RMS on Gaussian and Student-t data).  ``levels``: the grid's
     three entry values; ``signed``: the grid carries the signs (IQ1: -1, 0, 1), so the search
     runs on the values, not their magnitudes, and stores no sign bits; ``deltas``: the shifts
-    added to every entry, one chosen per sub-block (IQ1_S: +-1/8); a step is
+    added to every entry, one chosen per sub-block (IQ1_S: +-1/8) or, with ``shift_per_group``,
+    per group of 8 (IQ1_M); a step is
     ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.
     """
 
@@ -93,6 +96,12 @@ class Grid:
     deltas: tuple[float, ...] = (0.0,)
     step_unit: float = 0.25
     scale_max: int = 15
+    shift_per_group: bool = False
+
+    @property
+    def shift_slots(self) -> int:
+        """Shifts stored per super-block: one per group, or one per sub-block."""
+        return 32 if self.shift_per_group else self.sub_blocks
 
     @property
     def sub_blocks(self) -> int:
@@ -104,7 +113,8 @@ class Codes:
     """A search's result per super-block: ``d`` uint16 [n] (fp16 bits), ``index`` int64 [n, 32]
     (grid index per group), ``signs`` int64 [n, 32] (bit j set: element j negative; the
     inputs' own for a signed grid), ``scales`` and ``delta`` int64 [n, 32 / G] (per sub-block its
-    scale and its shift's index into ``Grid.deltas``).  Zero blocks are all zeros."""
+    scale and its shift's index into ``Grid.deltas``; with ``Grid.shift_per_group``, ``delta`` is
+    [n, 32], per group).  Zero blocks are all zeros."""
 
     d: np.ndarray
     index: np.ndarray
@@ -128,7 +138,7 @@ def search_tables(grid: np.ndarray, g: Grid) -> types.SimpleNamespace:
 
 def _codes(n: int, g: Grid) -> Codes:
     return Codes(np.zeros(n, np.uint16), np.zeros((n, 32), np.int64), np.zeros((n, 32), np.int64),
-                 np.zeros((n, g.sub_blocks), np.int64), np.zeros((n, g.sub_blocks), np.int64))
+                 np.zeros((n, g.sub_blocks), np.int64), np.zeros((n, g.shift_slots), np.int64))
 
 
 def _inputs(x, imatrix, label: str, name: str | None):
@@ -203,6 +213,9 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     barg = [f[0] for f in found]
     bd = [f[1] for f in found]
     nn = [f[2] for f in found]
+    if grid.shift_per_group:        # every group picks (shift, class): the shifts' classes side by side
+        barg, bd, nn = ([np.concatenate(a, axis=1)] for a in (barg, bd, nn))
+        nv = 1
 
     def errors(v, k, tt):           # [C]: each class's error (minus sum w a^2) for group k at step tt
         return tt * (tt * nn[v][k] - 2.0 * bd[v][k])
@@ -292,16 +305,22 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     s_sel, v_sel = picked
     codes.d[row] = np.array([best_dn * unscale], np.float64).astype("<f2").view(np.uint16)[0]
     codes.scales[row] = s_sel
-    codes.delta[row] = v_sel
+    if not grid.shift_per_group:
+        codes.delta[row] = v_sel
     for m in range(ns):
         tt = best_dn * unit * (0.5 + s_sel[m])
         v = v_sel[m]
         for h in range(gc):
             k = gc * m + h
-            i = int(barg[v][k, best_class(v, k, tt)])
+            c = best_class(v, k, tt)
+            i = int(barg[v][k, c])
+            pv = v
+            if grid.shift_per_group:
+                pv = c // ncls
+                codes.delta[row, k] = pv
             bits = neg[8 * k:8 * k + 8].copy()
             if odd[k]:
-                bits[int(np.argmin(found[v][3][k, :, i]))] ^= 1
+                bits[int(np.argmin(found[pv][3][k, :, i]))] ^= 1
             codes.signs[row, k] = int((bits << np.arange(8)).sum())
             codes.index[row, k] = int(t.order[i])
 
@@ -434,11 +453,12 @@ def _sub_err(bd, nn, gc, ns, m, tt):
 
 
 @_jit
-def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, gsq, order, lev, lsq, lo, hi,
-                   cls_start, norm, d_mult, out_d, out_idx, out_sg, out_sc, out_dv):
+def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, unit, smax, gt, gsq, order, lev, lsq,
+                   lo, hi, cls_start, norm, d_mult, out_d, out_idx, out_sg, out_sc, out_dv):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
     # importance (block i uses row i % nq); gt / gsq [V, 8, P] and lev / lsq [V, 3] per shift;
-    # codes out (zero-filled, as ``Codes``).
+    # codes out (zero-filled, as ``Codes``).  ``group_shift``: each group picks (shift, class), so
+    # the later steps see one "shift" whose classes are the shifts' classes side by side.
     nblk = xb.shape[0]
     nq = qb.shape[0]
     nv = gt.shape[0]
@@ -474,7 +494,11 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
     acc = np.empty((nv, ncls, 2 * nl), np.float32)
     bd = np.empty((nv, nl, ncls))         # per lane, its classes contiguous (the scalar loops run over c)
     nn = np.empty((nv, nl, ncls))
-    tsv = np.zeros((nv, ns))
+    nvs = 1 if group_shift else nv        # shift choices per sub-block
+    ncs = nv * ncls if group_shift else ncls
+    bdc = np.empty((nvs, nl, ncs))        # what steps 2-4 choose from
+    nnc = np.empty((nvs, nl, ncs))
+    tsv = np.zeros((nvs, ns))
     tstar = np.zeros(ns)
     s_try = np.zeros(ns, np.int64)
     v_try = np.zeros(ns, np.int64)
@@ -555,13 +579,21 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
             _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
                           acc[v])
             _class_values(acc[v], at, wl, hpf, gt[v], gsq[v], bd[v], nn[v])
-            _free_steps(bd[v], nn[v], gc, ns, tsv[v])
+        for v in range(nv):
+            for k in range(nl):
+                for c in range(ncls):
+                    vs = 0 if group_shift else v
+                    cs = v * ncls + c if group_shift else c
+                    bdc[vs, k, cs] = bd[v, k, c]
+                    nnc[vs, k, cs] = nn[v, k, c]
+        for v in range(nvs):
+            _free_steps(bdc[v], nnc[v], gc, ns, tsv[v])
         for m in range(ns):
             vb = 0
-            if nv > 1:
+            if nvs > 1:
                 be = np.inf
-                for v in range(nv):
-                    e = _sub_err(bd[v], nn[v], gc, ns, m, tsv[v, m])
+                for v in range(nvs):
+                    e = _sub_err(bdc[v], nnc[v], gc, ns, m, tsv[v, m])
                     if e < be:
                         be = e
                         vb = v
@@ -580,7 +612,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
                 dn = _round_f16_nb(d0 * d_mult[q] * unscale[b]) / unscale[b]
                 if dn == 0.0:
                     continue
-                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, unit, smax, s_try, v_try)
+                total = _eval_d(dn, b, tstar, bdc, nnc, gc, ns, unit, smax, s_try, v_try)
                 if total < best_total[b]:
                     best_total[b] = total
                     best_dn[b] = dn
@@ -600,9 +632,9 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
                     sn = 0.0
                     for h in range(gc):
                         k = h * ns + m
-                        _, bc = _min_err(bd[vm], nn[vm], k, tt)
-                        sb += bd[vm, k, bc]
-                        sn += nn[vm, k, bc]
+                        _, bc = _min_err(bdc[vm], nnc[vm], k, tt)
+                        sb += bdc[vm, k, bc]
+                        sn += nnc[vm, k, bc]
                     num += hv * sb
                     den += hv * hv * sn
                 if not den > 0.0:
@@ -610,7 +642,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
                 dn = _round_f16_nb(inv_unit * num / den * unscale[b]) / unscale[b]
                 if not dn > 0.0 or dn == best_dn[b]:
                     break
-                total = _eval_d(dn, b, tstar, bd, nn, gc, ns, unit, smax, s_try, v_try)
+                total = _eval_d(dn, b, tstar, bdc, nnc, gc, ns, unit, smax, s_try, v_try)
                 if not total < best_total[b]:
                     break
                 best_total[b] = total
@@ -628,18 +660,24 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, half_tau, unit, smax, gt, 
                 m = nsub * b + ib
                 vm = v_sel[m]
                 out_sc[blk, ib] = s_sel[m]
-                out_dv[blk, ib] = vm
+                if not group_shift:
+                    out_dv[blk, ib] = vm
                 tt = best_dn[b] * unit * (0.5 + s_sel[m])
                 for h in range(gc):
                     k = h * ns + m
-                    _, bc = _min_err(bd[vm], nn[vm], k, tt)
-                    i = np.int64(acc[vm, bc, nl + k])        # the class's first point reaching its maximum
+                    _, bc = _min_err(bdc[vm], nnc[vm], k, tt)
+                    pvi = vm
+                    if group_shift:
+                        pvi = bc // ncls
+                        bc = bc % ncls
+                        out_dv[blk, gc * ib + h] = pvi
+                    i = np.int64(acc[pvi, bc, nl + k])       # the class's first point reaching its maximum
                     sg = sgn[k]
                     if hpf[k] != 0.0:                        # odd: flip the cheapest element
                         jm = 0
-                        pm = at[0, k] * gt[vm, 0, i]
+                        pm = at[0, k] * gt[pvi, 0, i]
                         for j in range(1, 8):
-                            pv = at[j, k] * gt[vm, j, i]
+                            pv = at[j, k] * gt[pvi, j, i]
                             if pv < pm:
                                 pm = pv
                                 jm = j
@@ -681,7 +719,7 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``_ggml_encode.check_imatrix``)."""
     xb, qw, shape = _inputs(x, imatrix, g.label, name)
     c = _codes(len(xb), g)
-    _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, np.float32(0.5 * g.tau),
-                   g.step_unit, float(g.scale_max), t.gt, t.gsq, t.order, t.lev, t.lsq, t.lo, t.hi, t.cls_start,
-                   t.cls_norm, D_MULT, c.d, c.index, c.signs, c.scales, c.delta)
+    _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
+                   np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.gsq, t.order, t.lev, t.lsq,
+                   t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, c.d, c.index, c.signs, c.scales, c.delta)
     return c, shape

@@ -7,8 +7,12 @@
     python tools/bench_llamacpp_quants.py --formats iq1_m,iq1_s
 
 Data: the generator of tools/bench_requant.py: a unit Gaussian and a Student-t(5)
-with per-row scale spread, MXFP4-ized (OCP encoder) and decoded; errors are
-against those MXFP4 values.  Importance: none, or a synthetic one (per column
+with per-row scale spread; and trained weights: the token embeddings WordLlama
+ships in its wheel (``wordllama/weights/l2_supercat_256.safetensors``, 32000 x 256
+F16, MIT; the ``bench`` extra installs it; read as a file, the package is not
+imported), its first N*K/256 rows in order, K/256 to a row.  Each is MXFP4-ized
+(OCP encoder) and decoded, as K3's experts are; errors are against those MXFP4
+values.  Importance: none, or a synthetic one (per column
 exp(N(0, 1)): the heavy-tailed spread of llama.cpp's mean squared activations).
 
 Quality: the importance-weighted SNR ``10 log10(sum q x^2 / sum q (x - y)^2)``
@@ -91,6 +95,23 @@ def ggml_quantizer():
     return quantize, "ggml_quantize_chunk via ctypes (llama-cpp-python's libggml)"
 
 
+def trained_weights(n: int, k: int) -> tuple[np.ndarray | None, str]:
+    """WordLlama's trained embedding matrix as [n, k] float32 (each row K/256 of its 256-wide rows),
+    or (None, why not)."""
+    import importlib.util
+
+    from safetensors.numpy import load_file
+
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.submodule_search_locations:
+        return None, "wordllama not installed (pip install 'k3ckpt[bench]')"
+    path = Path(next(iter(spec.submodule_search_locations))) / "weights" / "l2_supercat_256.safetensors"
+    emb = load_file(str(path))["embedding.weight"].astype(np.float32)
+    if n * k > emb.size:
+        return None, f"[{n}, {k}] needs {n * k:,} weights; WordLlama has {emb.size:,}"
+    return emb.reshape(-1)[:n * k].reshape(n, k), f"WordLlama {path.name} {tuple(emb.shape)}"
+
+
 def weighted_snr(x: np.ndarray, y: np.ndarray, q: np.ndarray | None) -> float:
     x64, e = x.astype(np.float64), (y.astype(np.float64) - x.astype(np.float64))
     w = np.ones(x.shape[-1]) if q is None else q.astype(np.float64)
@@ -101,9 +122,13 @@ def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS)) -> dict:
     ggml, note = ggml_quantizer()
     rng = np.random.default_rng(seed + 1)
     importance = {"none": None, "synthetic": np.exp(rng.normal(0.0, 1.0, k)).astype(np.float32)}
-    res: dict = {"shape": [n, k], "weights": n * k, "ggml": note, "quality": [], "speed": []}
-    sources = {name: mxfp4.decode_pair(*mxfp4.encode_pair(x))
-               for name, x in bench_requant.datasets(n, k, seed).items()}
+    data = dict(bench_requant.datasets(n, k, seed))
+    trained, trained_note = trained_weights(n, k)
+    if trained is not None:
+        data["trained"] = trained
+    res: dict = {"shape": [n, k], "weights": n * k, "ggml": note, "trained": trained_note,
+                 "quality": [], "speed": []}
+    sources = {name: mxfp4.decode_pair(*mxfp4.encode_pair(x)) for name, x in data.items()}
     for fname in formats:
         gtype, _, enc, dec, needs = FORMATS[fname]
         for sname, src in sources.items():
@@ -147,7 +172,7 @@ def targets(res: dict) -> list[dict]:
 def render(res: dict, pin_note: str) -> str:
     n, k = res["shape"]
     lines = [f"llama.cpp quant family from MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.2f} M weights; "
-             f"{pin_note}; ggml: {res['ggml']}",
+             f"{pin_note}; ggml: {res['ggml']}; trained set: {res['trained']}",
              "SNR weighted by the importance matrix (1 without); Q2_K without one: ggml's reference quantizer; "
              "the IQ types without one: ggml given all ones", ""]
     lines.append(f"{'format':<8} {'source':<13} {'imatrix':<10} {'ours dB':>8} {'ggml dB':>8} {'gain dB':>8}")

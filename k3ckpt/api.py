@@ -199,7 +199,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
 
     Args:
         src: checkpoint folder, ``.safetensors`` file or ``hf://ORG/NAME[@REV][/SUB]``.
-        expert_type: ggml type of the routed experts: ``iq2_xs``, ``iq2_xxs``, ``iq2_s``, ``iq1_s``, ``iq1_m``, ``q2_k`` (our encoders),
+        expert_type: ggml type of the routed experts: ``iq2_xs``, ``iq2_xxs``, ``iq2_s``, ``iq1_s``, ``iq1_m``, ``q2_k``, ``iq3_xxs``
+            (our encoders),
             ``mxfp4`` (a lossless repack, as llama.cpp's converter writes it), ``q8_0``, ``bf16``,
             ``f16``, ``f32``; any case.
         outtype: ``bf16``, ``f16``, ``q8_0`` or ``f32`` for every other tensor that is not kept in
@@ -210,7 +211,7 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         target_bpw: mixed precision: each stacked expert tensor's type chosen by measured error
             (importance-weighted with ``imatrix``) so that the experts average this many bits.
         target_types: the types ``target_bpw`` chooses from (ggml names, a list or ``"a,b"``);
-            default: ``iq1_s``, ``iq1_m``, ``iq2_xxs``, ``iq2_xs``, ``iq2_s``, ``q2_k`` and, for MXFP4 experts,
+            default: ``iq1_s``, ``iq1_m``, ``iq2_xxs``, ``iq2_xs``, ``iq2_s``, ``q2_k``, ``iq3_xxs`` and, for MXFP4 experts,
             ``mxfp4`` (their lossless repack).
         fallback_type: the type of a tensor whose rows the asked-for type cannot hold.
         chat_template: a file whose text becomes ``tokenizer.chat_template`` (for a source
@@ -226,8 +227,9 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         report: folder for the routed experts' ``requant_report.{json,md,svg}`` (default:
             ``PREFIX-report`` beside ``out``; docs/requant-report.md).
         progress: a tqdm bar on stderr.
-        imatrix: a llama.cpp importance matrix (as ``requant``'s): the weighted encoders
-            (``q2_k``, ``iq1_s``, ``iq1_m``, ``iq2_xxs``, ``iq2_s``) weigh their error by it; the report gives weighted errors beside plain ones.
+        imatrix: a llama.cpp importance matrix (as ``requant``'s): every encoder of the
+            llama.cpp family (every expert type above but ``mxfp4``, ``q8_0`` and the float
+            types) weighs its error by it; the report gives weighted errors beside plain ones.
         ray: encode the routed experts on a Ray cluster (``HOST:PORT`` or ``auto``; as ``requant``'s).
             Local sources only for now; the file is the same bytes.
     """
@@ -293,7 +295,8 @@ def requant(src: str | os.PathLike, dst: str | os.PathLike, *, format: str = ids
         progress: a tqdm bar on stderr.
         on_compile: called with the expected seconds when kernels must compile first.
         imatrix: a llama.cpp importance matrix (``llama-imatrix`` GGUF or legacy ``.dat``):
-            weighted encoders (``gguf-q2_k``, ``gguf-iq1_s``, ``gguf-iq1_m``, ``gguf-iq2_xxs``, ``gguf-iq2_s``) weigh their error by it, and
+            the encoders of the llama.cpp family (``gguf-iq1_s`` ... ``gguf-iq3_xxs``) weigh their error by
+            it, and
             the report gives each weight's weighted SNR beside the plain one.
         ray: run the weights on a Ray cluster: its head's ``HOST:PORT`` or ``auto``
             (``pip install 'k3ckpt[ray]'``; docs/ray.md). Source and ``dst`` must be paths every

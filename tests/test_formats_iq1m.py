@@ -18,6 +18,7 @@ from k3ckpt.formats.base import get_format, target_format
 from k3ckpt.formats.mxfp4 import decode_pair, encode_pair
 from k3ckpt.requant import grid_search
 from k3ckpt.requant import iq1m as enc
+from ggml_quant import ggml_quantize
 from test_formats_iq2xxs import importances, same_bits, small_inputs, snr_db
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "iq1_m_ex1.json").read_text())
@@ -196,21 +197,10 @@ def test_bad_input_is_refused_in_one_line():
 def test_against_llama_cpp_quantizer_when_installed():
     # llama.cpp's IQ1_M quantizer (it requires an importance matrix: all ones, and then a real one)
     # on MXFP4-ized Gaussian data; needs the optional llama-cpp-python package.
-    ggml = pytest.importorskip("llama_cpp._ggml")
-    import ctypes
-
-    lib = ggml.libggml
-    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-    lib.ggml_quantize_init(int(QT))
-    fn = lib.ggml_quantize_chunk
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p]
     rng = np.random.default_rng(9)
-    x = np.ascontiguousarray(decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32))))
+    x = decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32)))
     for im in (np.ones(1024, np.float32), np.exp(rng.normal(0, 1, 1024)).astype(np.float32)):
-        out = np.zeros((8, 4 * BB), np.uint8)
-        fn(int(QT), x.ctypes.data, out.ctypes.data, 0, 8, 1024, im.ctypes.data)
+        out = ggml_quantize(QT, x, BB, im)
         assert same_bits(iq1m.decode_iq1m(out), gguf_decode(out))     # ggml's bytes, our decoder
         theirs = snr_db(x, iq1m.decode_iq1m(out), im)
         ours = snr_db(x, iq1m.decode_iq1m(enc.encode(x, imatrix=im)), im)

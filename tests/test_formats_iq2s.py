@@ -19,6 +19,7 @@ from k3ckpt.formats.mxfp4 import decode_pair, encode_pair
 from k3ckpt.requant import grid_search
 from k3ckpt.requant import iq2s as enc
 from k3ckpt.requant import iq2xxs as enc_xxs
+from ggml_quant import ggml_quantize
 from test_formats_iq2xxs import importances, same_bits, small_inputs, snr_db
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "iq2_s_ex1.json").read_text())
@@ -203,21 +204,10 @@ def test_bad_input_is_refused_in_one_line():
 def test_against_llama_cpp_quantizer_when_installed():
     # llama.cpp's IQ2_S quantizer (it requires an importance matrix: all ones, and then a real one)
     # on MXFP4-ized Gaussian data; needs the optional llama-cpp-python package.
-    ggml = pytest.importorskip("llama_cpp._ggml")
-    import ctypes
-
-    lib = ggml.libggml
-    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-    lib.ggml_quantize_init(int(GGMLQuantizationType.IQ2_S))
-    fn = lib.ggml_quantize_chunk
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p]
     rng = np.random.default_rng(9)
-    x = np.ascontiguousarray(decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32))))
+    x = decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32)))
     for im in (np.ones(1024, np.float32), np.exp(rng.normal(0, 1, 1024)).astype(np.float32)):
-        out = np.zeros((8, 4 * BB), np.uint8)
-        fn(int(GGMLQuantizationType.IQ2_S), x.ctypes.data, out.ctypes.data, 0, 8, 1024, im.ctypes.data)
+        out = ggml_quantize(GGMLQuantizationType.IQ2_S, x, BB, im)
         theirs = snr_db(x, iq2s.decode_iq2s(out), im)
         ours = snr_db(x, iq2s.decode_iq2s(enc.encode(x, imatrix=im)), im)
         assert ours >= theirs, (ours, theirs)

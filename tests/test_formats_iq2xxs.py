@@ -19,6 +19,7 @@ from k3ckpt.formats.base import get_format, target_format
 from k3ckpt.formats.iq2xs import sign_table
 from k3ckpt.formats.mxfp4 import decode_pair, encode_pair
 from k3ckpt.requant import iq2xxs as enc
+from ggml_quant import ggml_quantize
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "iq2_xxs_ex1.json").read_text())
 BB = iq2xxs.BLOCK_BYTES
@@ -254,21 +255,9 @@ def test_bad_input_is_refused_in_one_line():
 def test_against_llama_cpp_quantizer_when_installed():
     # llama.cpp's IQ2_XXS quantizer (it requires an importance matrix: all ones) on MXFP4-ized
     # Gaussian data; needs the optional llama-cpp-python package.
-    ggml = pytest.importorskip("llama_cpp._ggml")
-    import ctypes
-
-    lib = ggml.libggml
-    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-    lib.ggml_quantize_init(int(GGMLQuantizationType.IQ2_XXS))
-    fn = lib.ggml_quantize_chunk
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p]
     rng = np.random.default_rng(9)
-    x = np.ascontiguousarray(decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32))))
-    ones = np.ones(1024, np.float32)
-    out = np.zeros((8, 4 * BB), np.uint8)
-    fn(int(GGMLQuantizationType.IQ2_XXS), x.ctypes.data, out.ctypes.data, 0, 8, 1024, ones.ctypes.data)
+    x = decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32)))
+    out = ggml_quantize(GGMLQuantizationType.IQ2_XXS, x, BB, np.ones(1024, np.float32))
     theirs = snr_db(x, iq2xxs.decode_iq2xxs(out))
     ours = snr_db(x, iq2xxs.decode_iq2xxs(enc.encode(x)))
     assert ours >= theirs, (ours, theirs)

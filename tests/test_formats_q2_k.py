@@ -18,6 +18,7 @@ from k3ckpt.formats import q2_k
 from k3ckpt.formats.base import get_format, target_format
 from k3ckpt.formats.mxfp4 import decode_pair, encode_pair
 from k3ckpt.requant import q2_k as enc
+from ggml_quant import ggml_quantize
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "q2_k_ex1.json").read_text())
 BB = q2_k.BLOCK_BYTES
@@ -291,19 +292,10 @@ def test_bad_input_is_refused_in_one_line():
 def test_against_llama_cpp_quantizer_when_installed():
     # llama.cpp's own quantize_row_q2_K_impl (imatrix = ones) on MXFP4-ized Gaussian data: k3ckpt's
     # encoder must reach at least its SNR.  Needs the llama-cpp-python package (optional).
-    ggml = pytest.importorskip("llama_cpp._ggml")
-    import ctypes
-
-    lib = ggml.libggml
-    fn = lib.ggml_quantize_chunk
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p]
     rng = np.random.default_rng(9)
-    x = np.ascontiguousarray(decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32))))
+    x = decode_pair(*encode_pair(rng.standard_normal((8, 1024)).astype(np.float32)))
     ones = np.ones(1024, np.float32)
-    out = np.zeros((8, 4 * BB), np.uint8)
-    fn(int(GGMLQuantizationType.Q2_K), x.ctypes.data, out.ctypes.data, 0, 8, 1024, ones.ctypes.data)
+    out = ggml_quantize(GGMLQuantizationType.Q2_K, x, BB, ones)
     theirs = snr_db(x, q2_k.decode_q2k(out))
     ours = snr_db(x, q2_k.decode_q2k(enc.encode(x, imatrix=ones)))
     assert ours >= theirs, (ours, theirs)

@@ -427,7 +427,7 @@ def test_ggml_types_are_gguf_types_with_the_same_bytes():
 
     held = [i for i in list_formats() if i.ggml_type]
     assert {i.id for i in held} >= {"gguf-iq2_xs", "gguf-iq2_xxs", "gguf-iq2_s", "gguf-iq1_s", "gguf-iq1_m", "gguf-q2_k",
-                                  "gguf-mxfp4", "f32", "f16", "bf16"}
+                                  "gguf-iq3_xxs", "gguf-mxfp4", "f32", "f16", "bf16"}
     for info in held:
         block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[info.ggml_type]]
         assert info.bytes_per_block * block == nbytes * info.block, info.id

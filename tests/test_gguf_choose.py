@@ -50,7 +50,7 @@ def test_bad_overrides_are_one_line_errors(k3_tiny):
     with open_checkpoint(k3_tiny) as ckpt:
         with pytest.raises(UsageError, match="must be REGEX=TYPE"):
             plan_gguf_types(ckpt, tensor_type=["ffn_down_exps"])
-        with pytest.raises(UsageError, match="'q4_k' is not one of bf16, f16, f32, iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, mxfp4, q2_k, q8_0"):
+        with pytest.raises(UsageError, match="'q4_k' is not one of bf16, f16, f32, iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_xxs, mxfp4, q2_k, q8_0"):
             plan_gguf_types(ckpt, tensor_type=["ffn_down_exps=q4_k"])
         with pytest.raises(UsageError, match="bad --tensor-type regular expression"):
             plan_gguf_types(ckpt, tensor_type=["ffn_(=q8_0"])

@@ -231,18 +231,17 @@ def test_llama_cpp_runs_iq2_xs_experts_as_we_decode_them(llama_cpp, ours, tmp_pa
     assert to_decoded < to_mxfp4, (to_decoded, to_mxfp4)
 
 
-@pytest.mark.parametrize("expert_type", ["iq1_s", "iq1_m", "iq2_xxs", "iq2_s", "q2_k"])
-def test_llama_cpp_runs_the_other_2_bit_types_as_we_decode_them(llama_cpp, k3_tiny, ours, tmp_path, expert_type):
-    """IQ1_S, IQ1_M, IQ2_XXS, IQ2_S and Q2_K experts: ggml's own decoder gives our decoder's values for every expert
-    tensor, and llama.cpp runs the file as it runs an F32 copy holding those values."""
-    from k3ckpt.formats.iq1s import decode_iq1s
-    from k3ckpt.formats.iq1m import decode_iq1m
-    from k3ckpt.formats.iq2s import decode_iq2s
-    from k3ckpt.formats.iq2xxs import decode_iq2xxs
-    from k3ckpt.formats.q2_k import decode_q2k
+@pytest.mark.parametrize("expert_type", ["iq1_s", "iq1_m", "iq2_xxs", "iq2_s", "q2_k", "iq3_xxs"])
+def test_llama_cpp_runs_the_other_low_bit_types_as_we_decode_them(llama_cpp, k3_tiny, ours, tmp_path, expert_type):
+    """IQ1_S, IQ1_M, IQ2_XXS, IQ2_S, Q2_K and IQ3_XXS experts: ggml's own decoder gives our decoder's values for
+    every expert tensor, and llama.cpp runs the file as it runs an F32 copy holding those values."""
+    from k3ckpt.formats import target_format
 
-    decode, block = {"iq1_s": (decode_iq1s, 50), "iq1_m": (decode_iq1m, 56), "iq2_xxs": (decode_iq2xxs, 66), "iq2_s": (decode_iq2s, 82),
-                     "q2_k": (decode_q2k, 84)}[expert_type]
+    fmt = target_format(expert_type)
+    block = fmt.info.bytes_per_block
+
+    def decode(packed):
+        return fmt.decode({"packed": packed})
     with open_checkpoint(k3_tiny) as ckpt:
         path = write_gguf(ckpt, tmp_path / f"k3-{expert_type}.gguf", expert_type=expert_type).paths[0]
     experts = [t for n, t in _tensors(path).items() if "_exps" in n]

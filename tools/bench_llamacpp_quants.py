@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs, gguf-iq2_s, gguf-iq1_m, gguf-iq1_s) against ggml's own quantizers.
+"""k3ckpt's llama.cpp-family encoders (gguf-q2_k, gguf-iq2_xxs, gguf-iq2_xs, gguf-iq2_s, gguf-iq1_m, gguf-iq1_s,
+gguf-iq3_xxs) against ggml's own quantizers.
 
     python tools/bench_llamacpp_quants.py                  # [1024, 3584]: a third of a K3 w1 expert
     python tools/bench_llamacpp_quants.py --size 256x3584 --repeat 1
@@ -18,9 +19,9 @@ exp(N(0, 1)): the heavy-tailed spread of llama.cpp's mean squared activations).
 Quality: the importance-weighted SNR ``10 log10(sum q x^2 / sum q (x - y)^2)``
 (q = 1 without an importance matrix), ours against ggml's on the same data.
 ggml is ``ggml_quantize_chunk`` from the libggml that llama-cpp-python builds,
-through ctypes: without an importance matrix Q2_K runs its reference quantizer
-(what llama-quantize does), the IQ types refuse to run without one, so it gets all
-ones (ours takes None, which means the same).
+through ctypes: without an importance matrix Q2_K and IQ3_XXS run their own rule
+for a missing one (what llama-quantize does), the IQ1 and IQ2 types refuse to run
+without one, so they get all ones (ours takes None, which means the same).
 
 Speed: process CPU time of one thread pinned to one core, best of ``--repeat``,
 both encoders on the Gaussian source, alternately.  Targets: SNR >= ggml's and
@@ -51,19 +52,23 @@ from bench_iq2xs import pin_one_core  # noqa: E402  (the same pinning)
 from k3ckpt.formats import iq1m as fmt_iq1m  # noqa: E402
 from k3ckpt.formats import iq1s as fmt_iq1s  # noqa: E402
 from k3ckpt.formats import iq2s as fmt_iq2s  # noqa: E402
+from k3ckpt.formats import iq2xs as fmt_iq2xs  # noqa: E402
 from k3ckpt.formats import iq2xxs as fmt_iq2xxs  # noqa: E402
+from k3ckpt.formats import iq3xxs as fmt_iq3xxs  # noqa: E402
 from k3ckpt.formats import mxfp4  # noqa: E402
 from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
-from k3ckpt.requant import iq1m, iq1s, iq2s, iq2xxs, q2_k  # noqa: E402
+from k3ckpt.requant import iq1m, iq1s, iq2s, iq2xs, iq2xxs, iq3xxs, q2_k  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
 FORMATS = {
     # name: (ggml type id, block bytes, our encoder, decoder, ggml needs an importance matrix)
     "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k, False),
     "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs, True),
+    "iq2_xs": (17, fmt_iq2xs.BLOCK_BYTES, iq2xs.encode, fmt_iq2xs.decode_iq2xs, True),
     "iq2_s": (22, fmt_iq2s.BLOCK_BYTES, iq2s.encode, fmt_iq2s.decode_iq2s, True),
     "iq1_m": (29, fmt_iq1m.BLOCK_BYTES, iq1m.encode, fmt_iq1m.decode_iq1m, True),
     "iq1_s": (19, fmt_iq1s.BLOCK_BYTES, iq1s.encode, fmt_iq1s.decode_iq1s, True),
+    "iq3_xxs": (18, fmt_iq3xxs.BLOCK_BYTES, iq3xxs.encode, fmt_iq3xxs.decode_iq3xxs, False),
 }
 
 
@@ -173,8 +178,8 @@ def render(res: dict, pin_note: str) -> str:
     n, k = res["shape"]
     lines = [f"llama.cpp quant family from MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.2f} M weights; "
              f"{pin_note}; ggml: {res['ggml']}; trained set: {res['trained']}",
-             "SNR weighted by the importance matrix (1 without); Q2_K without one: ggml's reference quantizer; "
-             "the IQ types without one: ggml given all ones", ""]
+             "SNR weighted by the importance matrix (1 without); Q2_K and IQ3_XXS without one: ggml's own rule; "
+             "the IQ1 / IQ2 types without one: ggml given all ones", ""]
     lines.append(f"{'format':<8} {'source':<13} {'imatrix':<10} {'ours dB':>8} {'ggml dB':>8} {'gain dB':>8}")
     for r in res["quality"]:
         g = f"{r['ggml_db']:>8.3f} {r['gain_db']:>+8.3f}" if "ggml_db" in r else f"{'-':>8} {'-':>8}"

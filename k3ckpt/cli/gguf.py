@@ -16,8 +16,8 @@ from .source import hub_option, source_argument
 @click.argument("out")
 @hub_option
 @click.option("--expert-type", default="iq2_xs", show_default=True, metavar="TYPE",
-              help="ggml type of the routed experts: iq2_xs, iq2_xxs, iq2_s, iq1_s, iq1_m, q2_k, mxfp4 (lossless repack), q8_0, bf16, "
-                   "f16, f32 "
+              help="ggml type of the routed experts: iq2_xs, iq2_xxs, iq2_s, iq1_s, iq1_m, q2_k, iq3_xxs, mxfp4 (lossless "
+                   "repack), q8_0, bf16, f16, f32 "
                    "(any case, as ggml spells them).")
 @click.option("--outtype", default=None, metavar="TYPE",
               help="bf16, f16, q8_0 or f32 for the other tensors llama.cpp does not keep in f32 "
@@ -29,10 +29,10 @@ from .source import hub_option, source_argument
                    "weighted with --imatrix) so the experts average X bits per weight.")
 @click.option("--target-types", "target_types", default=None, metavar="LIST",
               help="The types --target-bpw chooses from, comma-separated (default: iq1_s, iq1_m, iq2_xxs, iq2_xs, "
-                   "iq2_s, q2_k and, for MXFP4 experts, mxfp4: their lossless repack).")
+                   "iq2_s, q2_k, iq3_xxs and, for MXFP4 experts, mxfp4: their lossless repack).")
 @click.option("--imatrix", "imatrix", default=None, metavar="FILE",
-              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the q2_k, iq1_s, iq1_m, "
-                   "iq2_xxs and iq2_s encoders weigh their error by it; the report gives weighted errors beside plain ones.")
+              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): every "
+                   "encoder of the llama.cpp family (iq1_s ... iq3_xxs, q2_k) weighs its error by it; the report gives weighted errors beside plain ones.")
 @click.option("--ray", "ray", default=None, metavar="ADDRESS|auto",
               help="Encode the routed experts on a Ray cluster (its head's HOST:PORT, or auto); SRC and OUT must "
                    "be paths every node sees. Same bytes as a local run. Needs pip install 'k3ckpt[ray]'.")

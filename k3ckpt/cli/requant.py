@@ -40,8 +40,8 @@ def hub_summary(run) -> str:
                    "is X bits per weight (measures every weight first). X lies between FORMAT's bpw and the "
                    "source experts' bpw.")
 @click.option("--imatrix", "imatrix", default=None, metavar="FILE",
-              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the gguf-q2_k, "
-                   "gguf-iq1_s, gguf-iq1_m, gguf-iq2_xxs and gguf-iq2_s encoders weigh their error by it, and the report gives the weighted SNR "
+              help="llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): the encoders of "
+                   "the llama.cpp family (gguf-iq1_s ... gguf-iq3_xxs) weigh their error by it, and the report gives the weighted SNR "
                    "of every weight it covers beside the plain one.")
 @click.option("--workers", type=int, default=None, help="Worker processes (default: CPU count).")
 @click.option("--ray", "ray", default=None, metavar="ADDRESS|auto",

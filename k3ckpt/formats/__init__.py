@@ -15,7 +15,7 @@ from __future__ import annotations
 from .base import (FORMAT_ALIASES, Format, FormatInfo, Part, PartSpec, canonical_format_spec, find_format,
                    format_table_markdown, get_format, is_target, list_formats, target_format)
 from . import fp8_block, gguf_mxfp4, gptoss, int4_pack, iq2xs, moet_w2, mx2, mxfp4, nvfp4, plain  # noqa: E402,F401  (register the built-in formats)
-from . import iq1m, iq1s, iq2s, iq2xxs, q2_k  # noqa: E402,F401  (llama.cpp quant family)
+from . import iq1m, iq1s, iq2s, iq2xxs, iq3xxs, q2_k  # noqa: E402,F401  (llama.cpp quant family)
 from .e2m1 import count_nan_scales
 from . import ids  # noqa: E402
 from .recognise import recognise  # noqa: E402

@@ -30,12 +30,13 @@ GGUF_IQ2_S = "gguf-iq2_s"
 GGUF_IQ1_S = "gguf-iq1_s"
 GGUF_IQ1_M = "gguf-iq1_m"
 GGUF_Q2_K = "gguf-q2_k"
+GGUF_IQ3_XXS = "gguf-iq3_xxs"
 GGUF_MXFP4 = "gguf-mxfp4"
 
 #: every built-in id (a test holds it equal to the registry)
 BUILTIN = frozenset({BF16, F16, F32, FP8_E4M3, MXFP4_PACK, GPT_OSS_MXFP4, FP8_BLOCK, INT4_PACK, NVFP4,
                      NVFP4_MODELOPT, MOET_W2, MX2, GGUF_IQ2_XS, GGUF_IQ2_XXS, GGUF_IQ2_S, GGUF_IQ1_S,
-                     GGUF_IQ1_M, GGUF_Q2_K, GGUF_MXFP4})
+                     GGUF_IQ1_M, GGUF_Q2_K, GGUF_IQ3_XXS, GGUF_MXFP4})
 
 #: the safetensors layouts of MXFP4 codes a source checkpoint stores (what requant reads as codes)
 MXFP4_LAYOUTS = (MXFP4_PACK, GPT_OSS_MXFP4)

@@ -162,6 +162,7 @@ class IQ2XS(GGMLBlockFormat):
         spec="docs/formats/iq2xs.md#stored-tensors",
         mxfp4_codes=True,
         ggml_type="IQ2_XS",
+        weighted=True,
     )
 
     label = "IQ2_XS"

@@ -11,7 +11,7 @@ result says so. Nothing is ever changed silently.
 
 ``--target-bpw X`` chooses each stacked expert tensor's type (one layer's
 projection, the unit a GGUF type applies to) from ``--target-types`` (default: the
-whole family k3ckpt encodes, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, and for an MXFP4
+whole family k3ckpt encodes, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, and for an MXFP4
 source its lossless MXFP4 repack): each is measured in every type on a sample of
 its experts (importance-weighted when ``--imatrix`` covers every tensor), and
 ``requant.allocate.allocate_choices`` takes the upgrades with the most error removed
@@ -27,12 +27,12 @@ from typing import Iterable, Sequence
 
 from ..errors import ShapeError, UsageError
 from . import container as C
-from .tensors import IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Planned
+from .tensors import IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_XXS, MXFP4, Q2_K, Planned
 
 SAMPLE_EXPERTS = 8      # experts measured per stacked tensor for --target-bpw (evenly spaced)
 # --target-types' default: every type k3ckpt encodes an expert into, cheapest first, and the
 # lossless repack of an MXFP4 source
-TARGET_FAMILY = (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, MXFP4)
+TARGET_FAMILY = (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, MXFP4)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,13 @@ def type_name(ggml_type: int) -> str:
     return gguf.GGMLQuantizationType(ggml_type).name
 
 
+def type_id(name: str) -> int:
+    """ggml's type id of its name (``"IQ2_XS"`` -> 17)."""
+    import gguf
+
+    return int(gguf.GGMLQuantizationType[name])
+
+
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     """A tensor as GGUF stores it. ``shape`` is numpy order (outermost first), as the

@@ -16,14 +16,16 @@ from pathlib import Path
 from ..errors import UnsupportedError, UsageError
 from ..requant.results import _float_out
 from . import container as C
-from .tensors import BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0
+from .tensors import BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_XXS, MXFP4, Q2_K, Q8_0
 from .vocab import tokenizer_metadata
 
 # --expert-type / --outtype spellings (ggml's names, any case) -> ggml type
-EXPERT_TYPES = {C.type_name(t).lower(): t for t in (MXFP4, IQ2_XS, IQ2_XXS, IQ2_S, IQ1_S, IQ1_M, Q2_K, Q8_0, BF16, F16, F32)}
+EXPERT_TYPES = {C.type_name(t).lower(): t for t in (MXFP4, IQ2_XS, IQ2_XXS, IQ2_S, IQ1_S, IQ1_M, Q2_K, IQ3_XXS,
+                                                    Q8_0, BF16, F16, F32)}
 OUT_TYPES = {C.type_name(t).lower(): t for t in (BF16, F16, Q8_0, F32)}
 # llama.cpp's llama_ftype for a file labelled by its expert type (LlamaFileType)
-FILE_TYPES = {MXFP4: 38, IQ2_XS: 20, IQ2_XXS: 19, IQ2_S: 28, IQ1_S: 24, IQ1_M: 31, Q2_K: 10, Q8_0: 7, BF16: 32, F16: 1, F32: 0}
+FILE_TYPES = {MXFP4: 38, IQ2_XS: 20, IQ2_XXS: 19, IQ2_S: 28, IQ1_S: 24, IQ1_M: 31, Q2_K: 10, IQ3_XXS: 23, Q8_0: 7, BF16: 32,
+              F16: 1, F32: 0}
 
 
 def ggml_type(name: str, table: dict[str, int], option: str) -> int:

@@ -16,25 +16,25 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UnsupportedError
-from .container import type_name
-from .tensors import BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4, Q2_K, Q8_0, Planned
+from .container import type_id as ggml_type_id, type_name
+from .tensors import BF16, F16, F32, MXFP4, Q8_0, Planned
 
 CHUNK_BYTES = 64 << 20   # source bytes read at a time for a tensor copied row by row
 DECODED = ("F8_BLOCK", "INT4_PACK")     # quantized sources _load returns as float32
 
-# ggml type -> the registered format that writes ggml's block bytes (``FormatInfo.ggml_type``): from an
-# MXFP4 expert's codes, and from floats (with the part holding the bytes)
-_BLOCK_FORMATS = {IQ2_XS: "IQ2_XS", IQ2_XXS: "IQ2_XXS", IQ2_S: "IQ2_S", IQ1_S: "IQ1_S", IQ1_M: "IQ1_M", Q2_K: "Q2_K",
-                  MXFP4: "MXFP4"}
+# ggml type -> the registered format that writes ggml's block bytes (the registry's ``FormatInfo.ggml_type``,
+# the plain float types aside): from an MXFP4 expert's codes, and from floats (with the part holding the bytes)
+_PLAIN = (F32, F16, BF16)
 
 
-def _by_ggml_type() -> dict[str, object]:
+def _block_formats() -> dict[int, object]:
     from ..formats import list_formats
 
-    return {info.ggml_type: info for info in list_formats() if info.ggml_type}
+    by_type = {ggml_type_id(info.ggml_type): info for info in list_formats() if info.ggml_type}
+    return {t: info for t, info in by_type.items() if t not in _PLAIN}
 
 
-_FORMATS = {t: _by_ggml_type()[name] for t, name in _BLOCK_FORMATS.items()}
+_FORMATS = _block_formats()
 _FROM_MXFP4 = {t: info.id for t, info in _FORMATS.items() if info.mxfp4_codes}
 _FROM_FLOAT = {t: (info.id, info.parts[0].role) for t, info in _FORMATS.items()}
 

@@ -12,7 +12,7 @@ from ..errors import UnsupportedError
 from . import container as C
 
 # ggml type ids (gguf.GGMLQuantizationType values) this package picks itself
-F32, F16, Q8_0, Q2_K, IQ2_XXS, IQ2_XS, IQ1_S, IQ2_S, IQ1_M, BF16, MXFP4 = 0, 1, 8, 10, 16, 17, 19, 22, 29, 30, 39
+F32, F16, Q8_0, Q2_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ2_S, IQ1_M, BF16, MXFP4 = 0, 1, 8, 10, 16, 17, 18, 19, 22, 29, 30, 39
 # a source dtype's own GGUF type when no --outtype is given; block FP8 is decoded and kept as BF16
 # (what llama.cpp's converter writes for it with --outtype bf16)
 SOURCE_TYPES = {"BF16": BF16, "F16": F16, "F32": F32, "F8_BLOCK": BF16, "INT4_PACK": BF16}

@@ -228,8 +228,9 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         progress: a tqdm bar on stderr.
         imatrix: a llama.cpp importance matrix (as ``requant``'s): the weighted encoders
             (``q2_k``, ``iq1_s``, ``iq1_m``, ``iq2_xxs``, ``iq2_s``) weigh their error by it; the report gives weighted errors beside plain ones.
-        ray: encode the routed experts on a Ray cluster (``HOST:PORT`` or ``auto``; as ``requant``'s).
-            Local sources only for now; the file is the same bytes.
+        ray: encode the routed experts on a Ray cluster (``HOST:PORT`` or ``auto``; as ``requant``'s);
+            the file is the same bytes.  An ``hf://`` source is staged by this process, which sends the
+            experts' weights to the tasks as Ray objects (docs/ray.md).
     """
     import dataclasses
 
@@ -246,12 +247,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import gguf_from_hub
 
-        if ray is not None:
-            raise UsageError("--ray with an hf:// source is not supported yet: download it to a path every "
-                             "node sees first")
-
         run = gguf_from_hub(str(src), out, resume=resume, dry_run=dry_run, workers=workers, progress=progress,
-                            report=report, **stage, **options)
+                            report=report, ray=ray, **stage, **options)
         return dataclasses.replace(run.result, hub={**run.facts(), "side_files": list(run.side_files)})
     with open_source(src) as ckpt:
         return write_gguf(ckpt, out, workers=workers, resume=resume, dry_run=dry_run, report=report,

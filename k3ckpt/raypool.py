@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .errors import UsageError, WorkerLostError
 
-__all__ = ["RayPool", "connect", "cluster_cpus"]
+__all__ = ["RayPool", "connect", "cluster_cpus", "join"]
 
 # Test hook: with this set to a file path, the first task to create that file kills its own worker
 # process after its work is done and before it answers (tests/test_ray.py: a lost worker's task is
@@ -68,6 +68,12 @@ def connect(address: str) -> str:
 def cluster_cpus() -> int:
     """CPUs the joined cluster offers (the default worker count of a ``--ray`` run)."""
     return max(1, int(_ray().cluster_resources().get("CPU", 1)))
+
+
+def join(address: str, workers: int | None) -> int:
+    """``connect(address)``, then the run's worker count: ``workers``, or the cluster's CPUs."""
+    connect(address)
+    return cluster_cpus() if workers is None else workers
 
 
 # One entry per (initializer, initargs) already run in this worker process.

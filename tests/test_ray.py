@@ -4,8 +4,10 @@ retried without changing a byte, and a cluster that cannot be reached is one lin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,14 +16,17 @@ if os.environ.get("K3CKPT_REQUIRE_RAY"):   # CI: these tests must run, never ski
 else:
     ray = pytest.importorskip("ray", reason="the ray extra (pip install 'k3ckpt[ray]'); CI installs it")
 
+from hubemu.fixtures import hub, hub_env  # noqa: E402,F401  (pytest fixtures)
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from k3ckpt import api  # noqa: E402
 from k3ckpt.cli.main import main  # noqa: E402
 from k3ckpt.errors import UsageError  # noqa: E402
 from k3ckpt.raypool import KILL_ONCE_ENV  # noqa: E402
+from split_kill import Killed, kill_after_split  # noqa: E402
 
 LOOPBACK = {"num_cpus": 1}   # ray.cluster_utils: every node a local process
+K3_REPO = "moonshotai/Kimi-K3-tiny"
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +47,39 @@ def joined(cluster):
     ray.shutdown()
 
 
+@pytest.fixture
+def attached(cluster):
+    """This process already in the cluster when the test starts (``connect`` then has nothing to
+    reach: the Hub tests' socket guard allows loopback only, and the head listens on this
+    machine's address)."""
+    ray.shutdown()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster.address
+    ray.shutdown()
+
+
 def _same_files(a, b, names):
     return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+
+def _digests(paths) -> dict[str, str]:
+    return {Path(p).name: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
+
+
+@pytest.fixture
+def hub_k3(hub, k3_tiny, monkeypatch):
+    """k3-tiny on the loopback Hub, which every HubClient of this process talks to; its hf:// URL."""
+    from k3ckpt.hub import HubClient, RetryPolicy
+
+    hub.add_repo(K3_REPO, k3_tiny)
+    real = HubClient.__init__
+    fast = RetryPolicy(max_retries=3, base_wait=0.01, max_wait=0.02)
+
+    def init(self, endpoint=None, token=None, **kw):
+        real(self, endpoint or hub.endpoint, False if token is None else token, **{"retry": fast, **kw})
+
+    monkeypatch.setattr(HubClient, "__init__", init)
+    return f"hf://{K3_REPO}"
 
 
 def test_requant_on_ray_is_the_local_run(k3_tiny, joined, tmp_path):
@@ -101,3 +137,41 @@ def test_without_ray_installed_the_flag_says_what_to_install(k3_tiny, tmp_path, 
     with pytest.raises(UsageError, match=r"pip install 'k3ckpt\[ray\]'"):
         api.requant(k3_tiny, tmp_path / "out", ray="auto")
     assert os.environ.get(KILL_ONCE_ENV) is None
+
+
+def test_gguf_from_the_hub_on_ray_is_the_local_hub_run(attached, hub_k3, tmp_path, monkeypatch):
+    from k3ckpt.raypool import RayPool
+
+    sent, real = [], RayPool.submit
+
+    def submit(self, fn, *args, **kw):   # gguf.pool.run_task(planned, expert, entries, arrays, ...)
+        sent.append((args[2], sorted(args[3] or ())))
+        return real(self, fn, *args, **kw)
+
+    monkeypatch.setattr(RayPool, "submit", submit)
+    local = api.gguf(hub_k3, tmp_path / "local" / "k3.gguf", expert_type="iq2_xs", split_max_size="2MB", workers=1)
+    remote = api.gguf(hub_k3, tmp_path / "ray" / "k3.gguf", expert_type="iq2_xs", split_max_size="2MB", ray=attached)
+    # the weights went as Ray objects, not as paths into the driver's staging folder
+    assert sent and all(entries is None and arrays for entries, arrays in sent)
+    assert len(local.paths) > 1 and _digests(remote.paths) == _digests(local.paths)
+    nodes = remote.cluster["nodes"]
+    assert sum(n["tasks"] for n in nodes) == 3 * 3 * 8            # every routed expert went to the cluster
+    assert remote.hub["downloads"] == local.hub["downloads"]      # staged once each, as without Ray
+    assert not (tmp_path / "ray" / ".k3ckpt-staging").exists()
+    rows = lambda r: json.loads((r.report / "requant_report.json").read_text())["tensors"]  # noqa: E731
+    assert rows(remote) == rows(local)
+
+
+def test_gguf_on_ray_resumes_after_the_driver_stops(k3_tiny, joined, tmp_path, monkeypatch):
+    clean = _digests(api.gguf(k3_tiny, tmp_path / "clean" / "k3.gguf", split_max_size="2MB", workers=1).paths)
+    out = tmp_path / "ray" / "k3.gguf"
+    with monkeypatch.context() as mp:
+        kill_after_split(mp, 2)       # the driver stops as SIGKILL would once 2 files are final
+        with pytest.raises(Killed):
+            api.gguf(k3_tiny, out, split_max_size="2MB", ray=joined)
+    kept = sorted(clean)[:2]          # the second holds experts of layers 1 and 2
+    assert _digests(p for p in out.parent.iterdir() if p.suffix == ".gguf" and not p.name.startswith(".")) == \
+        {n: clean[n] for n in kept}
+    r = api.gguf(k3_tiny, out, split_max_size="2MB", ray=joined, resume=True)
+    assert r.resumed == tuple(kept) and _digests(r.paths) == clean
+    assert 0 < sum(n["tasks"] for n in r.cluster["nodes"]) < 3 * 3 * 8    # the kept files' experts not again

@@ -13,7 +13,10 @@ holds more than that window.
 A task names where its source tensors lie (``SourceFiles``: the shard file's
 path and the tensor's offset, for a staged ``hf://`` source the staged copy's
 path) and the worker opens the files itself; only a source without local files
-(an unstaged remote checkpoint) has its arrays read by the parent and sent.
+(an unstaged remote checkpoint) has its arrays read by the parent and sent.  So has a staged
+``hf://`` source on Ray: its staged shards are the driver's (the staging window downloads and
+releases them as the driver moves on, and another node need not see the staging folder), so
+the weights travel to the tasks as Ray objects, as requant's do.
 """
 
 from __future__ import annotations
@@ -170,11 +173,12 @@ class ExpertRunner:
             p, e = todo.popleft()
             sub = one_expert(p, e)
             shards = self.files.shards(sub.recipe.sources)
-            if self.files.staged and not shards <= set().union(*(s for _, _, s, _ in pending)):
+            by_path = not (self.ray and self.files.staged)
+            if self.files.staged and by_path and not shards <= set().union(*(s for _, _, s, _ in pending)):
                 # staging a new shard may release others to stay in --max-disk: none may be in use
                 while pending:
                     yield drain()
-            entries = self.files.locate(sub.recipe.sources)
+            entries = self.files.locate(sub.recipe.sources) if by_path else None
             arrays = None
             if entries is None:
                 arrays = {n: self.files.ckpt.read_raw(n) for n in sub.recipe.sources}

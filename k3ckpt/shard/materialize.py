@@ -36,17 +36,9 @@ from ..errors import UsageError
 from ..formats import ids
 from ..io.manifest import RunManifest
 from ..io.reader import Checkpoint
-from ..io.writer import (ShardedWriter, TensorSpec, atomic_write_bytes, atomic_write_json, free_space_for,
-                         is_fresh_output)
-from .packs import (
-    ExpertPack,
-    PackBuilder,
-    PackRecord,
-    align_up,
-    name_template,
-    record_parts,
-    sha256_bytes,
-)
+from ..io.writer import ShardedWriter, TensorSpec, atomic_write_json, free_space_for, is_fresh_output
+from .pack_writers import PACK_NAME, K3Packs, MoetPack, k3_packs
+from .packs import align_up
 from ..placement.spec import Plan
 from .source import SourceModel, read_source
 
@@ -56,8 +48,6 @@ LAYOUTS = ("k3ckpt", "moet")
 JOB = "shard"
 RANK_FILE = "rank.json"
 PLAN_FILE = "plan.json"
-PACK_NAME = "experts.pack"
-MOET_DIR = "moet-store"
 _CHUNK = 64 << 20
 
 
@@ -222,218 +212,12 @@ class _RankOut:
         self.pack = None
         self.layout = layout
         if work.pack:
-            self.pack = _MoetPack(src, work, root, manifest, plan, moet_opts) if layout == "moet" else \
-                _k3_packs(src, ckpt, work, self.folder, manifest)
+            self.pack = MoetPack(src, work, root, manifest, plan, moet_opts) if layout == "moet" else \
+                k3_packs(src, ckpt, work, self.folder, manifest)
 
     def bytes_to_write(self) -> int:
         st = sum(s.nbytes for s in self.specs if self.writer.needs(s.name)) + (1 << 20)
         return st + (self.pack.bytes_to_write() if self.pack else 0)
-
-
-def _k3_packs(src: SourceModel, ckpt: Checkpoint, work: RankWork, folder: Path, manifest: RunManifest):
-    """The rank's k3ckpt packs: one per record layout (a mixed-format checkpoint has several),
-    ``experts.pack`` for the layout of the rank's first expert, then ``experts-1.pack``, ...;
-    each holds its experts in plan order."""
-    groups: dict[tuple, list] = {}
-    for key in work.pack:
-        entries = [(n, ckpt.entry(n), proj, part) for n, proj, part in src.expert_entries(key)]
-        layout = tuple((p.projection, p.part, p.dtype, p.shape) for p in record_parts(entries))
-        groups.setdefault(layout, []).append(key)
-    packs = [_K3Pack(src, ckpt, work, tuple(keys), _pack_name(i), folder, manifest)
-             for i, keys in enumerate(groups.values())]
-    return packs[0] if len(packs) == 1 else _K3Packs(packs)
-
-
-def _pack_name(i: int) -> str:
-    return PACK_NAME if i == 0 else PACK_NAME.replace(".pack", f"-{i}.pack")
-
-
-class _K3Pack:
-    """One k3ckpt pack: the records of ``keys`` (one record layout), in that order."""
-
-    def __init__(self, src: SourceModel, ckpt: Checkpoint, work: RankWork, keys: tuple, name: str, folder: Path,
-                 manifest: RunManifest):
-        first = src.expert_entries(keys[0])
-        self.parts = record_parts([(n, ckpt.entry(n), proj, part) for n, proj, part in first])
-        self.record_bytes = sum(p.nbytes for p in self.parts)
-        self.stride = align_up(self.record_bytes)
-        self.keys = keys
-        self.index = {k: i for i, k in enumerate(keys)}
-        self.work = work
-        self.name = name
-        layer0, e0 = keys[0]
-        templates = [name_template([src.expert_name(keys[0], p)], layer0, e0) for p in self.parts]
-        self.templates = None if any(t is None for t in templates) else tuple(templates)
-        self.rel = f"{work.folder}/{name}"
-        self.source_format = src.storage
-        self.folder = folder
-        self.done = manifest.done(self.rel) and manifest.done(self.rel + ".json")
-        self.builder = None if self.done else PackBuilder(folder, name, len(keys) * self.stride, manifest,
-                                                          f"pack:{self.rel}")
-        self.sha: dict[tuple[int, int], str] = {}
-        self.left = {layer: sum(1 for k in keys if k[0] == layer) for layer in work.layers}
-        if self.builder is not None:
-            for k in keys:  # layers finished by an earlier run: hash their records back
-                if k[0] in self.builder.done_layers:
-                    self.sha[k] = sha256_bytes(self.builder.pread(self.index[k] * self.stride, self.record_bytes))
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name,)
-
-    def needs(self, key) -> bool:
-        return key in self.index and self.builder is not None and key[0] not in self.builder.done_layers
-
-    def close(self) -> None:
-        if self.builder is not None:
-            self.builder.close()
-
-    def bytes_to_write(self) -> int:
-        if self.builder is None:
-            return 0
-        return sum(self.stride for k in self.keys if k[0] not in self.builder.done_layers) + (1 << 20)
-
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        for p in self.parts:
-            name = src.expert_name(key, p)
-            if arrays[name].nbytes != p.nbytes:
-                raise UsageError(f"expert (layer {key[0]}, expert {key[1]}) differs in size from the first "
-                                 f"expert of the pack", tensor=name)
-        rec = b"".join(memoryview(arrays[src.expert_name(key, p)].reshape(-1).view(np.uint8)) for p in self.parts)
-        self.builder.pwrite(self.index[key] * self.stride, rec)
-        self.sha[key] = sha256_bytes(rec)
-        self._count(key[0])
-
-    def _count(self, layer) -> None:
-        self.left[layer] -= 1
-        if self.left[layer] == 0:
-            self.builder.commit_layer(layer)
-
-    def finish(self, manifest: RunManifest) -> None:
-        if self.builder is None:
-            return
-        self.builder.finish()
-        manifest.record(self.rel)
-        records = tuple(PackRecord(layer, e, self.index[(layer, e)] * self.stride, self.record_bytes,
-                                   self.sha[(layer, e)]) for layer, e in self.keys)
-        pack = ExpertPack(pack=self.name, rank=self.work.rank, source_format=self.source_format,
-                          record_bytes=self.record_bytes,
-                          stride=self.stride, file_size=len(records) * self.stride, parts=self.parts,
-                          name_templates=self.templates, records=records)
-        self.manifest_obj = pack
-        atomic_write_json(self.folder / (self.name + ".json"), pack.to_dict(), indent=None, sort_keys=True)
-        manifest.record(self.rel + ".json")
-
-
-class _K3Packs:
-    """Several k3ckpt packs of one rank, one per record layout, used as one."""
-
-    def __init__(self, packs: list[_K3Pack]):
-        self.packs = packs
-        self.rel = packs[0].rel
-        self.of = {k: p for p in packs for k in p.keys}
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.packs)
-
-    def needs(self, key) -> bool:
-        p = self.of.get(key)
-        return p is not None and p.needs(key)
-
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        self.of[key].put(src, key, arrays)
-
-    def bytes_to_write(self) -> int:
-        return sum(p.bytes_to_write() for p in self.packs)
-
-    def close(self) -> None:
-        for p in self.packs:
-            p.close()
-
-    def finish(self, manifest: RunManifest) -> None:
-        for p in self.packs:
-            p.finish(manifest)
-
-
-class _MoetPack:
-    """A pipeline stage's moet packs: one per TP rank (``rank<t>of<tp>``), rows in lockstep."""
-
-    def __init__(self, src: SourceModel, work: RankWork, root: Path, manifest: RunManifest, plan: Plan,
-                 opts: dict):
-        from .moet_pack import PackIdentity, SlotGeometry
-
-        self.tp = opts["tp"]
-        self.geom = SlotGeometry.for_expert(src.intermediate, src.hidden, self.tp)
-        self.ident = PackIdentity(ckpt_id=opts["ckpt_id"], zero_mode=opts["zero_mode"], tag=opts["tag"],
-                                  n_layers=src.num_hidden_layers + 1, E=src.experts,
-                                  slot_bytes=self.geom.slot_bytes, stride=self.geom.stride)
-        G = plan.devices.num_gpus
-        self.stems = [self.ident.stem(t, self.tp, (work.rank, G) if G > 1 else None) for t in range(self.tp)]
-        self.work = work
-        self.folder = root / MOET_DIR
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.rel = f"{MOET_DIR}/{self.stems[0]}.pack"
-        # layer_key: creation ordinal among the stage's MoE layers (each PP stage restarts at 0)
-        self.layer_key = {layer: i for i, layer in enumerate(work.layers)}
-        self.builders = []
-        for stem in self.stems:
-            rel = f"{MOET_DIR}/{stem}"
-            done = manifest.done(rel + ".pack") and manifest.done(rel + ".json")
-            self.builders.append(None if done else PackBuilder(self.folder, stem + ".pack", self.ident.file_size,
-                                                               manifest, f"pack:{rel}.pack"))
-        self.builder = next((b for b in self.builders if b is not None), None)
-        self.keys = set(work.pack)
-        self.left = [{layer: src.experts for layer in work.layers} for _ in self.stems]
-
-    def _todo(self, t: int, layer: int) -> bool:
-        b = self.builders[t]
-        return b is not None and layer not in b.done_layers
-
-    def needs(self, key) -> bool:
-        return key in self.keys and any(self._todo(t, key[0]) for t in range(self.tp))
-
-    def bytes_to_write(self) -> int:
-        rows = sum(1 for t in range(self.tp) for layer in self.work.layers if self._todo(t, layer))
-        return rows * self.ident.E * self.ident.stride + (1 << 20)
-
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        from .moet_pack import build_slot, tp_slice_expert
-
-        gate, up, down = src.mxfp4_triple(key, arrays)
-        for t, b in enumerate(self.builders):
-            if not self._todo(t, key[0]):
-                continue
-            slot = build_slot(self.geom, *tp_slice_expert(gate, up, down, t, self.tp))
-            b.pwrite(self.ident.row_offset(self.layer_key[key[0]], key[1]), slot)
-            self.left[t][key[0]] -= 1
-            if self.left[t][key[0]] == 0:
-                b.commit_layer(key[0])
-
-    def finish(self, manifest: RunManifest) -> None:
-        for stem, b in zip(self.stems, self.builders):
-            if b is None:
-                continue
-            b.finish()
-            manifest.record(f"{MOET_DIR}/{stem}.pack")
-            # the sidecar comes after the pack, as the runtime's own writer does it
-            atomic_write_bytes(self.folder / f"{stem}.json", self.ident.sidecar_bytes(self.layer_key.values()))
-            manifest.record(f"{MOET_DIR}/{stem}.json")
-
-    def close(self) -> None:
-        for b in self.builders:
-            if b is not None:
-                b.close()
-
-    def describe(self) -> dict:
-        g = self.geom
-        return {"packs": [{"tp_rank": t, "pack": f"{MOET_DIR}/{stem}.pack", "sidecar": f"{MOET_DIR}/{stem}.json"}
-                          for t, stem in enumerate(self.stems)],
-                "tp": self.tp, "ckpt_id": self.ident.ckpt_id, "zero_mode": self.ident.zero_mode,
-                "tag": self.ident.tag, "n_layers": self.ident.n_layers, "E": self.ident.E,
-                "slot_bytes": self.ident.slot_bytes, "stride": self.ident.stride,
-                "n13": g.n13, "k13": g.k13, "n2": g.n2, "k2": g.k2,
-                "layer_keys": [[layer, k] for layer, k in self.layer_key.items()]}
 
 
 # --------------------------------------------------------------------------- the job
@@ -543,7 +327,7 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     written = sum(manifest.records[n].size for n in files)
     summaries = tuple(RankSummary(o.work.rank, o.work.folder, len(o.specs), len(o.work.experts),
                                   None if o.pack is None else o.pack.rel, len(o.work.pack),
-                                  len(o.pack.packs) - 1 if isinstance(o.pack, _K3Packs) else 0) for o in outs)
+                                  len(o.pack.packs) - 1 if isinstance(o.pack, K3Packs) else 0) for o in outs)
     manifest.finish(ranks=[o.work.rank for o in outs], files=len(files), bytes=written)
     return ShardResult(str(dst), plan.mode, layout, summaries, tuple(files), resumed, written)
 

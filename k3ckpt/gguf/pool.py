@@ -71,28 +71,6 @@ class SourceFiles:
         return out
 
 
-class _FileTensors:
-    """The few tensors of one task, read from their files by path (a worker's checkpoint)."""
-
-    def __init__(self, entries: dict):
-        from ..io.reader import Checkpoint, LocalFile
-
-        paths = sorted({e.shard for e in entries.values()})
-        self._files = {p: LocalFile(p) for p in paths}
-        self._ckpt = Checkpoint(root=None, config=None, index_metadata={}, shards=paths, headers={},
-                                tensors=entries, sources=self._files)
-
-    def read_raw(self, name: str):
-        return self._ckpt.read_raw(name)
-
-    def read_rows(self, name: str, start: int, stop: int):      # one expert of a fused gpt-oss tensor
-        return self._ckpt.read_rows(name, start, stop)
-
-    def close(self) -> None:
-        for f in self._files.values():   # closed per task: a released staged shard must not stay open
-            f.close()
-
-
 class _Arrays:
     def __init__(self, arrays: dict):
         self._arrays = arrays
@@ -115,9 +93,11 @@ def expert_importance(importance, p: Planned, e: int):
 def run_task(p: Planned, number: int, entries: dict | None, arrays: dict | None, measure: bool, imatrix=None):
     """Pool entry point: one expert's ``produce.ExpertPiece`` (``p`` is ``one_expert``'s plan of
     expert ``number``; ``imatrix`` its importance per column, or None)."""
+    from ..io.reader import checkpoint_of_files
     from .produce import expert_piece
 
-    src = _FileTensors(entries) if entries is not None else _Arrays(arrays)
+    # files closed per task: a released staged shard must not stay open
+    src = checkpoint_of_files(entries) if entries is not None else _Arrays(arrays)
     try:
         return expert_piece(src, p, 0, measure=measure, number=number, imatrix=imatrix)
     finally:

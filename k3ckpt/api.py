@@ -419,7 +419,7 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
           ranks=None, ckpt_id: str | None = None, tag: str = "base", zero_mode: str = "auto", tp: int = 1,
           max_shard_size: int | str = 5_000_000_000, max_disk: int | str | None = None,
           staging: str | os.PathLike | None = None, keep_source: bool = False, dry_run: bool = False,
-          progress: bool = False):
+          progress: bool = False, ray: str | None = None):
     """Write per-rank files and expert packs of ``src`` into ``dst`` as ``plan`` says
     (``ShardResult``; docs/shard.md).  The order is the CLI's: ``k3ckpt shard SRC DST --plan P``.
 
@@ -434,8 +434,12 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
         max_shard_size: safetensors shard size, bytes or ``"5GB"``.
         max_disk, staging, keep_source: ``hf://`` sources only (see ``requant``).
         dry_run: what each rank would get (``shard.dryrun.ShardDryRun``: files, bytes, whether
-            ``dst`` has the room), from headers alone; nothing written.
+            ``dst`` has the room), from headers alone; nothing written (``ray`` is not joined).
         progress: a tqdm bar on stderr.
+        ray: write the files on a Ray cluster, a task per safetensors shard or pack layer
+            (``HOST:PORT`` or ``auto``; docs/ray.md). ``src`` and ``dst`` must be paths every node
+            sees (not ``hf://``); the bytes are those of a local run; ``result.cluster`` has per-node
+            figures.
 
     An ``hf://`` run's result carries its staging facts (``result.hub``).
     """
@@ -455,6 +459,13 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
         with open_source(src) as ckpt:
             return shard_dry_run(ckpt, the_plan, dst, **options)
     options["progress"] = progress
+    if ray is not None:
+        if stage is not None:
+            # Every task reads its file's tensors from all over the source, while staging keeps
+            # only a window of shards, on this machine.
+            raise UsageError("shard --ray reads the source by path on every node; an hf:// source is staged "
+                             "on this machine only: download it to a path every node sees first")
+        options["ray"] = ray
     if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import shard_from_hub
 

@@ -19,7 +19,9 @@ output that needs it (docs/shard.md):
 
 Files appear under their final names only when complete; an interrupted run
 resumes (``resume=True``) from the manifest: finished files are kept, packs
-continue at their first unfinished layer.
+continue at their first unfinished layer.  With ``ray`` the same files are
+written by tasks on a Ray cluster, a safetensors shard or a pack layer each
+(``shard.on_ray``); the manifest, indexes and JSON stay here.
 """
 
 from __future__ import annotations
@@ -89,12 +91,15 @@ class ShardResult:
     files_resumed: int
     bytes_written: int
     hub: Any = field(default=None, compare=False)   # an hf:// source: hub.convert.HubRun (set by api.shard)
+    cluster: dict | None = field(default=None, compare=False)   # --ray: address, workers, per-node figures
 
     def to_dict(self) -> dict:
         out = asdict(replace(self, hub=None))
-        del out["hub"]
+        del out["hub"], out["cluster"]
         if self.hub is not None:
             out["hub"] = self.hub.facts()
+        if self.cluster is not None:
+            out["ray"] = self.cluster
         return out
 
 
@@ -247,7 +252,7 @@ def default_ckpt_id(src: SourceModel) -> str:
 def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt", resume: bool = False,
                      progress: bool = True, ranks=None, max_shard_bytes: int = 5_000_000_000,
                      ckpt_id: str | None = None, tag: str = "base", zero_mode: str = "auto",
-                     tp: int = 1) -> ShardResult:
+                     tp: int = 1, ray: str | None = None) -> ShardResult:
     """Write ``dst`` from ``ckpt`` as ``plan`` says (module docstring; docs/shard.md).
 
     Args:
@@ -260,14 +265,15 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
             ``VLLM_MOE_W2_CKPT_ID``).
         tp: moet: tensor-parallel ranks per pipeline stage; each plan rank gets one pack
             per TP rank (``rank<t>of<tp>``) holding its 1/tp of every expert.
+        ray: a Ray cluster (``HOST:PORT`` or ``auto``) whose tasks write the shard files and pack
+            layers (``shard.on_ray``); the source and ``dst`` must be paths every node sees.  The
+            bytes are those of a local run; ``result.cluster`` has per-node figures.
 
     Raises:
         UsageError: a plan for another model or format, unknown ranks, bad options.
         DiskSpaceError: ``dst``'s filesystem has less free space than the output needs.
         OutputExistsError / ResumeMismatchError: ``dst`` holds something else.
     """
-    from tqdm import tqdm
-
     if layout not in LAYOUTS:
         raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
     if not isinstance(plan, Plan):
@@ -284,6 +290,11 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
         moet_opts = {"ckpt_id": ckpt_id or default_ckpt_id(src), "tag": tag, "zero_mode": zero_mode}
         PackIdentity(slot_bytes=1, stride=4096, n_layers=1, E=1, **moet_opts)  # validate before any write
         moet_opts["tp"] = tp
+    workers = None
+    if ray is not None:   # before anything is written: a cluster that cannot be reached is one line
+        from ..raypool import join
+
+        workers = join(ray, None)
     dst = Path(dst)
     plan_json = plan.to_json()
     options = {"layout": layout, "plan_sha256": hashlib.sha256(plan_json.encode()).hexdigest(),
@@ -298,15 +309,14 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
         for w in works:
             outs.append(_RankOut(src, ckpt, w, dst, manifest, layout, plan, moet_opts, max_shard_bytes))
         free_space_for(dst, sum(o.bytes_to_write() for o in outs))
-        units = _units(src, outs)
-        total = sum(n for _, _, n in units)
-        with tqdm(total=total, unit="B", unit_scale=True, desc="shard", disable=not progress) as bar:
-            for kind, what, nbytes in units:
-                if kind == "dense":
-                    _copy_dense(ckpt, what, [o.writer for o in outs if what in o.tensor_set and o.writer.needs(what)])
-                else:
-                    _copy_expert(src, ckpt, what, outs)
-                bar.update(nbytes)
+        cluster = None
+        if ray is None:
+            _stream(src, ckpt, outs, progress)
+        else:
+            from .on_ray import write_on_ray
+
+            cluster = {"address": ray, "workers": workers,
+                       "nodes": write_on_ray(ckpt, src, outs, workers=workers, progress=progress)}
         for o in outs:
             o.writer.close()
             manifest.record(f"{o.work.folder}/{o.writer.index_path.name}")
@@ -329,7 +339,22 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
                                   None if o.pack is None else o.pack.rel, len(o.work.pack),
                                   len(o.pack.packs) - 1 if isinstance(o.pack, K3Packs) else 0) for o in outs)
     manifest.finish(ranks=[o.work.rank for o in outs], files=len(files), bytes=written)
-    return ShardResult(str(dst), plan.mode, layout, summaries, tuple(files), resumed, written)
+    return ShardResult(str(dst), plan.mode, layout, summaries, tuple(files), resumed, written, cluster=cluster)
+
+
+def _stream(src: SourceModel, ckpt: Checkpoint, outs: list[_RankOut], progress: bool) -> None:
+    """The source read once, in source order, into every rank's writers that need each piece."""
+    from tqdm import tqdm
+
+    units = _units(src, outs)
+    with tqdm(total=sum(n for _, _, n in units), unit="B", unit_scale=True, desc="shard",
+              disable=not progress) as bar:
+        for kind, what, nbytes in units:
+            if kind == "dense":
+                _copy_dense(ckpt, what, [o.writer for o in outs if what in o.tensor_set and o.writer.needs(what)])
+            else:
+                _copy_expert(src, ckpt, what, outs)
+            bar.update(nbytes)
 
 
 def _units(src: SourceModel, outs: list[_RankOut]) -> list[tuple[str, object, int]]:

@@ -3,30 +3,95 @@
 pipeline stage's moet packs (``MoetPack``, one per TP rank).  Each takes whole experts
 (``put``), writes them in place through a ``PackBuilder`` and commits a layer once all its
 experts are in; ``finish`` renames the pack and writes its JSON beside it.
+
+On a Ray cluster (``shard.on_ray``) a pack is written a layer at a time by tasks instead:
+``layer_jobs`` gives one ``on_ray.OutputJob`` per layer still to write, whose task reads the
+layer's experts by path and writes their rows at their offsets of the ``.building`` file this
+process created (``write_k3_layer``, ``write_moet_layer``: the same bytes as ``put``), and the
+job's ``done`` commits the layer here, so a resumed run finds the layers as a local run leaves
+them.
 """
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ..errors import UsageError
 from ..io.manifest import RunManifest
-from ..io.reader import Checkpoint
-from ..io.writer import atomic_write_bytes, atomic_write_json
+from ..io.reader import Checkpoint, TensorEntry, checkpoint_of_files
+from ..io.writer import atomic_write_bytes, atomic_write_json, pwrite_all
 from ..placement.spec import Plan
 from .packs import ExpertPack, PackBuilder, PackRecord, align_up, name_template, record_parts, sha256_bytes
-from .source import SourceModel
+from .source import SourceModel, mxfp4_pairs
 
 if TYPE_CHECKING:
     from .materialize import RankWork
+    from .on_ray import OutputJob
 
-__all__ = ["PACK_NAME", "MOET_DIR", "K3Pack", "K3Packs", "MoetPack", "k3_packs"]
+__all__ = ["PACK_NAME", "MOET_DIR", "K3Pack", "K3Packs", "MoetPack", "k3_packs", "write_k3_layer",
+           "write_moet_layer"]
 
 PACK_NAME = "experts.pack"
 MOET_DIR = "moet-store"
+Locate = Callable[[str], TensorEntry]    # source tensor -> its entry, ``shard`` the file's path
+
+
+@contextmanager
+def _row_files(paths: dict):
+    """The run's ``.building`` files by key, for ``write(key, offset, data)``; on a clean exit
+    their rows are synced to the file's filesystem before the driver commits the layer."""
+    fds: dict = {}
+    try:
+        for key, path in paths.items():
+            fds[key] = os.open(path, os.O_WRONLY)
+        yield lambda key, offset, data: pwrite_all(fds[key], memoryview(data).cast("B"), offset)
+        for fd in fds.values():
+            os.fdatasync(fd)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _record(arrays) -> bytes:
+    """A k3ckpt record: its parts' bytes back to back, in the pack's part order."""
+    return b"".join(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays)
+
+
+def write_k3_layer(path: str, records: list[tuple[int, tuple[TensorEntry, ...]]]) -> list[str]:
+    """Ray task: each record (its offset, its parts' entries in part order) read by path and
+    written at its offset of the k3ckpt pack's ``.building`` file; returns their sha256s."""
+    shas = []
+    with checkpoint_of_files({e.name: e for _, parts in records for e in parts}) as src, \
+            _row_files({0: path}) as write:
+        for offset, parts in records:   # one record in memory at a time
+            rec = _record([src.read_raw(e.name) for e in parts])
+            shas.append(sha256_bytes(rec))
+            write(0, offset, rec)
+    return shas
+
+
+def write_moet_layer(geom, tp: int, paths: dict[int, str], experts: list[tuple[int, tuple[TensorEntry, ...]]]) -> int:
+    """Ray task: each expert (its row offset, its six MXFP4 entries in ``SourceModel.mxfp4_names``
+    order) read by path, and its slot for each TP rank ``t`` of ``paths`` written at that offset
+    of ``paths[t]``; returns the number of experts."""
+    with checkpoint_of_files({e.name: e for _, es in experts for e in es}) as src, _row_files(paths) as write:
+        for offset, entries in experts:   # one expert in memory at a time
+            triple = mxfp4_pairs([src.read_raw(e.name) for e in entries])
+            for t in paths:
+                write(t, offset, _slot(geom, tp, t, triple))
+    return len(experts)
+
+
+def _slot(geom, tp: int, t: int, triple) -> np.ndarray:
+    from .moet_pack import build_slot, tp_slice_expert
+
+    return build_slot(geom, *tp_slice_expert(*triple, t, tp))
 
 
 def k3_packs(src: SourceModel, ckpt: Checkpoint, work: RankWork, folder: Path, manifest: RunManifest):
@@ -92,16 +157,43 @@ class K3Pack:
             return 0
         return sum(self.stride for k in self.keys if k[0] not in self.builder.done_layers) + (1 << 20)
 
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        for p in self.parts:
-            name = src.expert_name(key, p)
-            if arrays[name].nbytes != p.nbytes:
+    def _part_names(self, src: SourceModel, key, nbytes: Callable[[str], int]) -> list[str]:
+        """``key``'s source tensors in part order; each must be its part's size (``nbytes(name)``)."""
+        names = [src.expert_name(key, p) for p in self.parts]
+        for p, name in zip(self.parts, names):
+            if nbytes(name) != p.nbytes:
                 raise UsageError(f"expert (layer {key[0]}, expert {key[1]}) differs in size from the first "
                                  f"expert of the pack", tensor=name)
-        rec = b"".join(memoryview(arrays[src.expert_name(key, p)].reshape(-1).view(np.uint8)) for p in self.parts)
+        return names
+
+    def put(self, src: SourceModel, key, arrays: dict) -> None:
+        rec = _record([arrays[n] for n in self._part_names(src, key, lambda n: arrays[n].nbytes)])
         self.builder.pwrite(self.index[key] * self.stride, rec)
         self.sha[key] = sha256_bytes(rec)
         self._count(key[0])
+
+    def layer_jobs(self, src: SourceModel, ckpt: Checkpoint, locate: Locate) -> list[OutputJob]:
+        """A ``write_k3_layer`` job per layer still to write (module docstring)."""
+        from .on_ray import TASK_BASE, OutputJob
+
+        if self.builder is None:
+            return []
+        jobs = []
+        for layer in self.work.layers:
+            keys = [k for k in self.keys if k[0] == layer]
+            if not keys or layer in self.builder.done_layers:
+                continue
+            records = [(self.index[k] * self.stride,
+                        tuple(map(locate, self._part_names(src, k, lambda n: ckpt.entry(n).nbytes)))) for k in keys]
+            # a record's parts as read, and the record joined from them
+            jobs.append(OutputJob(write_k3_layer, (str(self.builder.tmp.absolute()), records),
+                                  len(keys) * self.record_bytes, 2 * self.record_bytes + TASK_BASE,
+                                  partial(self._layer_done, keys, layer)))
+        return jobs
+
+    def _layer_done(self, keys, layer: int, shas: list[str]) -> None:
+        self.sha.update(zip(keys, shas))
+        self.builder.commit_layer(layer)
 
     def _count(self, layer) -> None:
         self.left[layer] -= 1
@@ -142,6 +234,9 @@ class K3Packs:
 
     def put(self, src: SourceModel, key, arrays: dict) -> None:
         self.of[key].put(src, key, arrays)
+
+    def layer_jobs(self, src: SourceModel, ckpt: Checkpoint, locate: Locate) -> list[OutputJob]:
+        return [j for p in self.packs for j in p.layer_jobs(src, ckpt, locate)]
 
     def bytes_to_write(self) -> int:
         return sum(p.bytes_to_write() for p in self.packs)
@@ -197,17 +292,36 @@ class MoetPack:
         return rows * self.ident.E * self.ident.stride + (1 << 20)
 
     def put(self, src: SourceModel, key, arrays: dict) -> None:
-        from .moet_pack import build_slot, tp_slice_expert
-
-        gate, up, down = src.mxfp4_triple(key, arrays)
+        triple = src.mxfp4_triple(key, arrays)
         for t, b in enumerate(self.builders):
             if not self._todo(t, key[0]):
                 continue
-            slot = build_slot(self.geom, *tp_slice_expert(gate, up, down, t, self.tp))
-            b.pwrite(self.ident.row_offset(self.layer_key[key[0]], key[1]), slot)
+            b.pwrite(self.ident.row_offset(self.layer_key[key[0]], key[1]), _slot(self.geom, self.tp, t, triple))
             self.left[t][key[0]] -= 1
             if self.left[t][key[0]] == 0:
                 b.commit_layer(key[0])
+
+    def layer_jobs(self, src: SourceModel, ckpt: Checkpoint, locate: Locate) -> list[OutputJob]:
+        """A ``write_moet_layer`` job per layer some TP rank's pack still lacks (module docstring)."""
+        from .on_ray import TASK_BASE, OutputJob
+
+        jobs = []
+        for layer in self.work.layers:
+            ts = [t for t in range(self.tp) if self._todo(t, layer)]
+            if not ts:
+                continue
+            experts = [(self.ident.row_offset(self.layer_key[layer], e),
+                        tuple(map(locate, src.mxfp4_names((layer, e))))) for e in range(src.experts)]
+            paths = {t: str(self.builders[t].tmp.absolute()) for t in ts}
+            # one expert's codes, its slots and the slot kernel's planes at a time
+            jobs.append(OutputJob(write_moet_layer, (self.geom, self.tp, paths, experts),
+                                  src.experts * src.expert_bytes, 16 * src.expert_bytes + TASK_BASE,
+                                  partial(self._layer_done, ts, layer)))
+        return jobs
+
+    def _layer_done(self, ts: list[int], layer: int, _experts: int) -> None:
+        for t in ts:
+            self.builders[t].commit_layer(layer)
 
     def finish(self, manifest: RunManifest) -> None:
         for stem, b in zip(self.stems, self.builders):

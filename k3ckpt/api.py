@@ -230,8 +230,9 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
         imatrix: a llama.cpp importance matrix (as ``requant``'s): every encoder of the
             llama.cpp family (every expert type above but ``mxfp4``, ``q8_0`` and the float
             types) weighs its error by it; the report gives weighted errors beside plain ones.
-        ray: encode the routed experts on a Ray cluster (``HOST:PORT`` or ``auto``; as ``requant``'s).
-            Local sources only for now; the file is the same bytes.
+        ray: encode the routed experts on a Ray cluster (``HOST:PORT`` or ``auto``; as ``requant``'s);
+            the file is the same bytes.  An ``hf://`` source is staged by this process, which sends the
+            experts' weights to the tasks as Ray objects (docs/ray.md).
     """
     import dataclasses
 
@@ -248,12 +249,8 @@ def gguf(src: str | os.PathLike, out: str | os.PathLike, *, expert_type: str = "
     if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import gguf_from_hub
 
-        if ray is not None:
-            raise UsageError("--ray with an hf:// source is not supported yet: download it to a path every "
-                             "node sees first")
-
         run = gguf_from_hub(str(src), out, resume=resume, dry_run=dry_run, workers=workers, progress=progress,
-                            report=report, **stage, **options)
+                            report=report, ray=ray, **stage, **options)
         return dataclasses.replace(run.result, hub={**run.facts(), "side_files": list(run.side_files)})
     with open_source(src) as ckpt:
         return write_gguf(ckpt, out, workers=workers, resume=resume, dry_run=dry_run, report=report,
@@ -425,7 +422,7 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
           ranks=None, ckpt_id: str | None = None, tag: str = "base", zero_mode: str = "auto", tp: int = 1,
           max_shard_size: int | str = 5_000_000_000, max_disk: int | str | None = None,
           staging: str | os.PathLike | None = None, keep_source: bool = False, dry_run: bool = False,
-          progress: bool = False):
+          progress: bool = False, ray: str | None = None):
     """Write per-rank files and expert packs of ``src`` into ``dst`` as ``plan`` says
     (``ShardResult``; docs/shard.md).  The order is the CLI's: ``k3ckpt shard SRC DST --plan P``.
 
@@ -440,8 +437,12 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
         max_shard_size: safetensors shard size, bytes or ``"5GB"``.
         max_disk, staging, keep_source: ``hf://`` sources only (see ``requant``).
         dry_run: what each rank would get (``shard.dryrun.ShardDryRun``: files, bytes, whether
-            ``dst`` has the room), from headers alone; nothing written.
+            ``dst`` has the room), from headers alone; nothing written (``ray`` is not joined).
         progress: a tqdm bar on stderr.
+        ray: write the files on a Ray cluster, a task per safetensors shard or pack layer
+            (``HOST:PORT`` or ``auto``; docs/ray.md). ``src`` and ``dst`` must be paths every node
+            sees (not ``hf://``); the bytes are those of a local run; ``result.cluster`` has per-node
+            figures.
 
     An ``hf://`` run's result carries its staging facts (``result.hub``).
     """
@@ -461,6 +462,13 @@ def shard(src: str | os.PathLike, dst: str | os.PathLike, *, plan, layout: str =
         with open_source(src) as ckpt:
             return shard_dry_run(ckpt, the_plan, dst, **options)
     options["progress"] = progress
+    if ray is not None:
+        if stage is not None:
+            # Every task reads its file's tensors from all over the source, while staging keeps
+            # only a window of shards, on this machine.
+            raise UsageError("shard --ray reads the source by path on every node; an hf:// source is staged "
+                             "on this machine only: download it to a path every node sees first")
+        options["ray"] = ray
     if stage is not None:   # hf:// source: download shard by shard, convert, delete
         from .hub.convert import shard_from_hub
 

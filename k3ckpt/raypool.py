@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .errors import UsageError, WorkerLostError
 
-__all__ = ["RayPool", "connect", "cluster_cpus"]
+__all__ = ["RayPool", "connect", "cluster_cpus", "join"]
 
 # Test hook: with this set to a file path, the first task to create that file kills its own worker
 # process after its work is done and before it answers (tests/test_ray.py: a lost worker's task is
@@ -68,6 +68,12 @@ def connect(address: str) -> str:
 def cluster_cpus() -> int:
     """CPUs the joined cluster offers (the default worker count of a ``--ray`` run)."""
     return max(1, int(_ray().cluster_resources().get("CPU", 1)))
+
+
+def join(address: str, workers: int | None) -> int:
+    """``connect(address)``, then the run's worker count: ``workers``, or the cluster's CPUs."""
+    connect(address)
+    return cluster_cpus() if workers is None else workers
 
 
 # One entry per (initializer, initargs) already run in this worker process.
@@ -131,13 +137,17 @@ class RayFuture:
 
 class RayPool:
     """``submit`` / ``shutdown`` over Ray tasks (module docstring); ``memory``: bytes a task
-    declares by default (``submit(..., memory=)`` per task)."""
+    declares by default (``submit(..., memory=)`` per task); ``spread``: place tasks across the
+    nodes (Ray's ``SPREAD``) rather than filling the driver's node first, for tasks that mostly
+    read and write files, so each node's link to the shared filesystem carries a share."""
 
-    def __init__(self, *, initializer=None, initargs=(), memory: int | None = None, max_retries: int = 3):
+    def __init__(self, *, initializer=None, initargs=(), memory: int | None = None, max_retries: int = 3,
+                 spread: bool = False):
         self.ray = _ray()
         self._initializer, self._initargs = initializer, tuple(initargs)
         self._memory = memory
         self._retries = max_retries
+        self._spread = {"scheduling_strategy": "SPREAD"} if spread else {}
         self._task = self.ray.remote(_call)
         self._pending: set = set()
         self._stats: dict[str, NodeStats] = {}
@@ -145,7 +155,7 @@ class RayPool:
     def submit(self, fn, *args, memory: int | None = None, units: int = 0) -> RayFuture:
         """Run ``fn(*args)`` on the cluster; ``units``: the source bytes it stands for (``stats``)."""
         mem = memory if memory is not None else self._memory
-        opts = {"num_cpus": 1, "max_retries": self._retries, **({"memory": int(mem)} if mem else {})}
+        opts = {"num_cpus": 1, "max_retries": self._retries, **({"memory": int(mem)} if mem else {}), **self._spread}
         ref = self._task.options(**opts).remote(self._initializer, self._initargs, fn, args)
         self._pending.add(ref)
         return RayFuture(self, ref, units)
@@ -173,10 +183,16 @@ class RayPool:
         return [s.to_dict(n) for n, s in sorted(self._stats.items())]
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        """End the pool as a process pool's ``shutdown`` does: ``cancel_futures`` cancels the tasks
+        not collected (a running one stops at its next Python line), ``wait`` returns only once
+        none of them runs, so nothing of this run still writes when the caller cleans up."""
+        pending = list(self._pending)
         if cancel_futures:
-            for ref in list(self._pending):
+            for ref in pending:
                 try:
                     self.ray.cancel(ref, force=False)
                 except Exception:  # noqa: BLE001 - a finished task cannot be cancelled; nothing to do
                     pass
+        if wait and pending:
+            self.ray.wait(pending, num_returns=len(pending))
         self._pending.clear()

@@ -307,6 +307,54 @@ def test_place_and_mark_written_for_a_writer_elsewhere(tmp_path):
             assert ck.read_bytes(s.name) == data[s.name]
 
 
+def test_whole_shards_written_elsewhere_are_adopted(tmp_path):
+    """shard_layout tells another writer a shard's header and tensor order; the file it writes under
+    the final name is adopted (size and header checked), reported with its hash, and the index comes
+    at close as for shards written here."""
+    import hashlib
+
+    from k3ckpt.io.writer import atomic_write_bytes
+
+    data = {s.name: _rng_bytes(s.nbytes, i) for i, s in enumerate(SPECS)}
+    final = []
+    reference = tmp_path / "here"
+    with ShardedWriter(reference, SPECS, max_shard_bytes=219) as w:
+        for s in SPECS:
+            w.write(s.name, data[s.name])
+    out = tmp_path / "elsewhere"
+    w = ShardedWriter(out, SPECS, max_shard_bytes=219, on_shard_final=lambda p: final.append(p.name))
+    assert w.unwritten() == w.shards
+    w.write("head", data["head"])                      # one shard written here, as usual
+    assert w.unwritten() == w.shards[:3]
+    for name in w.unwritten():
+        prefix, tensors = w.shard_layout(name)
+        whole = prefix + b"".join(data[t] for t in tensors)
+        atomic_write_bytes(out / name, whole)
+        w.adopt(name, hashlib.sha256(whole).hexdigest())
+        with pytest.raises(UsageError, match="already final"):
+            w.adopt(name, "0" * 64)
+    assert w.unwritten() == [] and not w.missing() and sorted(final) == w.shards
+    w.close()
+    assert {p: (out / p).read_bytes() for p in _listing(out)} == {p: (reference / p).read_bytes()
+                                                                  for p in _listing(reference)}
+    assert w.sha256[w.shards[0]] == hashlib.sha256((out / w.shards[0]).read_bytes()).hexdigest()
+
+
+def test_adopt_checks_what_another_writer_left(tmp_path):
+    w = ShardedWriter(tmp_path, SPECS, max_shard_bytes=219)
+    name = w.shards[0]
+    with pytest.raises(ShapeError, match="is missing"):
+        w.adopt(name, "0" * 64)
+    prefix, tensors = w.shard_layout(name)
+    (tmp_path / name).write_bytes(prefix + b"\0" * (sum(w.specs[t].nbytes for t in tensors) - 1))
+    with pytest.raises(ShapeError, match="does not match this layout"):
+        w.adopt(name, "0" * 64)
+    with pytest.raises(UsageError, match="no shard"):
+        w.shard_layout("model-9.safetensors")
+    assert w.unwritten() == w.shards
+    w.abort()
+
+
 def test_mark_written_false_records_nothing(tmp_path):
     specs = [TensorSpec("a", "U8", (8,)), TensorSpec("b", "U8", (8,))]
     w = ShardedWriter(tmp_path, specs)

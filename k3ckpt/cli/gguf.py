@@ -7,7 +7,7 @@ import sys
 import click
 
 from .. import api
-from .render import echo_json, fmt_db, human_bytes, human_duration
+from .render import echo_json, fmt_db, human_bytes, human_duration, ray_line
 from .source import hub_option, source_argument
 
 
@@ -127,6 +127,8 @@ def command(src, out, expert_type, outtype, tensor_type, target_bpw, target_type
                 f" (importance-weighted {fmt_db(result.weighted_snr_db)} dB)"
             click.echo(f"routed experts: SNR {fmt_db(result.snr_db)} dB against the source{weighted}; "
                        f"report: {result.report}/requant_report.md")
+        if result.cluster is not None:
+            click.echo(ray_line(result.cluster))
     if result.budget is not None:
         click.echo(result.budget["message"])
     if result.hub is not None and not dry_run:

@@ -8,7 +8,7 @@ from collections import defaultdict
 import click
 
 from .. import api
-from .render import echo_json, fmt_db, human_bytes, human_count, human_duration, table
+from .render import echo_json, fmt_db, human_bytes, human_count, human_duration, ray_line, table
 from .source import hub_option, source_argument
 
 
@@ -173,9 +173,7 @@ def _print_summary(result, spec: str) -> None:
     if worst is not None:
         click.echo(f"worst: {worst.name} {worst.stats.snr_db:.2f} dB")
     if result.cluster is not None:
-        nodes = result.cluster["nodes"]
-        click.echo(f"ray {result.cluster['address']}: {sum(n['tasks'] for n in nodes):,} task(s) on {len(nodes)} "
-                   f"node(s), {result.cluster['workers']} CPU(s)")
+        click.echo(ray_line(result.cluster))
     if result.report:
         click.echo(f"report: {result.report}/requant_report.md (picture: requant_report.svg)")
 

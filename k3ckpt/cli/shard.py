@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .render import echo_json, human_bytes, table
+from .render import echo_json, human_bytes, ray_line, table
 from .source import hub_option, source_argument
 
 
@@ -68,12 +68,16 @@ def _print_dry_run(r, dst, as_json) -> None:
 @click.option("--staging", default=None, metavar="DIR",
               help="hf:// source: download shards here (default DST/.k3ckpt-staging).")
 @click.option("--keep-source", is_flag=True, help="hf:// source: keep the downloaded shards.")
+@click.option("--ray", "ray", default=None, metavar="ADDRESS|auto",
+              help="Write the files on a Ray cluster (its head's HOST:PORT, or auto), a task per safetensors shard "
+                   "or pack layer; SRC and DST must be paths every node sees. Same bytes as a local run. Needs "
+                   "pip install 'k3ckpt[ray]'.")
 @click.option("--dry-run", is_flag=True, help="Print what each rank would get (files, bytes) and check DST's free "
-              "space; write nothing.")
+              "space; write nothing (with --ray: no cluster is joined).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode, tp, max_shard, max_disk, staging,
-            keep_source, dry_run, as_json, quiet):
+            keep_source, ray, dry_run, as_json, quiet):
     """Write DST from SRC as PLAN says: rank-NNNNN/ folders (safetensors + index), NVMe
     expert packs for cache plans, a manifest of sizes and sha256 (see docs/shard.md).
 
@@ -88,7 +92,7 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
     plan = api.load_plan(plan_path)
     r = api.shard(src, dst, plan=plan, layout=layout, resume=resume, ranks=_ranks(ranks), ckpt_id=ckpt_id, tag=tag,
                   zero_mode=zero_mode, tp=tp, max_shard_size=max_shard, max_disk=max_disk, staging=staging,
-                  keep_source=keep_source, dry_run=dry_run, progress=not quiet and sys.stderr.isatty())
+                  keep_source=keep_source, dry_run=dry_run, progress=not quiet and sys.stderr.isatty(), ray=ray)
     if dry_run:
         return _print_dry_run(r, dst, as_json)
     if as_json:
@@ -107,6 +111,8 @@ def command(src, dst, plan_path, layout, resume, ranks, ckpt_id, tag, zero_mode,
         from .requant import hub_summary
 
         click.echo(hub_summary(r.hub))
+    if r.cluster is not None:
+        click.echo(ray_line(r.cluster))
     if r.layout == "moet":
         env = plan.cache.vllm_pp_partition()
         pp = f"; run vLLM with VLLM_PP_LAYER_PARTITION={env} (the plan's stages)" if env else ""

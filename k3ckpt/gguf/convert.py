@@ -177,10 +177,9 @@ def write_gguf(ckpt, out: str | os.PathLike, *, expert_type: str = "iq2_xs", out
     from .run import dry_result, estimate, plan_job, precheck, resolve_workers, run_job, with_root
 
     if ray is not None and not dry_run:
-        from ..raypool import cluster_cpus, connect
+        from ..raypool import join
 
-        connect(ray)
-        workers = cluster_cpus() if workers is None else workers
+        workers = join(ray, workers)
     n = resolve_workers(workers)
     view = with_root(ckpt, vocab_dir)
     if not dry_run:

@@ -13,7 +13,10 @@ holds more than that window.
 A task names where its source tensors lie (``SourceFiles``: the shard file's
 path and the tensor's offset, for a staged ``hf://`` source the staged copy's
 path) and the worker opens the files itself; only a source without local files
-(an unstaged remote checkpoint) has its arrays read by the parent and sent.
+(an unstaged remote checkpoint) has its arrays read by the parent and sent.  So has a staged
+``hf://`` source on Ray: its staged shards are the driver's (the staging window downloads and
+releases them as the driver moves on, and another node need not see the staging folder), so
+the weights travel to the tasks as Ray objects, as requant's do.
 """
 
 from __future__ import annotations
@@ -68,28 +71,6 @@ class SourceFiles:
         return out
 
 
-class _FileTensors:
-    """The few tensors of one task, read from their files by path (a worker's checkpoint)."""
-
-    def __init__(self, entries: dict):
-        from ..io.reader import Checkpoint, LocalFile
-
-        paths = sorted({e.shard for e in entries.values()})
-        self._files = {p: LocalFile(p) for p in paths}
-        self._ckpt = Checkpoint(root=None, config=None, index_metadata={}, shards=paths, headers={},
-                                tensors=entries, sources=self._files)
-
-    def read_raw(self, name: str):
-        return self._ckpt.read_raw(name)
-
-    def read_rows(self, name: str, start: int, stop: int):      # one expert of a fused gpt-oss tensor
-        return self._ckpt.read_rows(name, start, stop)
-
-    def close(self) -> None:
-        for f in self._files.values():   # closed per task: a released staged shard must not stay open
-            f.close()
-
-
 class _Arrays:
     def __init__(self, arrays: dict):
         self._arrays = arrays
@@ -112,9 +93,11 @@ def expert_importance(importance, p: Planned, e: int):
 def run_task(p: Planned, number: int, entries: dict | None, arrays: dict | None, measure: bool, imatrix=None):
     """Pool entry point: one expert's ``produce.ExpertPiece`` (``p`` is ``one_expert``'s plan of
     expert ``number``; ``imatrix`` its importance per column, or None)."""
+    from ..io.reader import checkpoint_of_files
     from .produce import expert_piece
 
-    src = _FileTensors(entries) if entries is not None else _Arrays(arrays)
+    # files closed per task: a released staged shard must not stay open
+    src = checkpoint_of_files(entries) if entries is not None else _Arrays(arrays)
     try:
         return expert_piece(src, p, 0, measure=measure, number=number, imatrix=imatrix)
     finally:
@@ -170,11 +153,12 @@ class ExpertRunner:
             p, e = todo.popleft()
             sub = one_expert(p, e)
             shards = self.files.shards(sub.recipe.sources)
-            if self.files.staged and not shards <= set().union(*(s for _, _, s, _ in pending)):
+            by_path = not (self.ray and self.files.staged)
+            if self.files.staged and by_path and not shards <= set().union(*(s for _, _, s, _ in pending)):
                 # staging a new shard may release others to stay in --max-disk: none may be in use
                 while pending:
                     yield drain()
-            entries = self.files.locate(sub.recipe.sources)
+            entries = self.files.locate(sub.recipe.sources) if by_path else None
             arrays = None
             if entries is None:
                 arrays = {n: self.files.ckpt.read_raw(n) for n in sub.recipe.sources}

@@ -228,7 +228,8 @@ def gguf_budget(ckpt, output_bytes: int, max_disk: int, side_bytes: int) -> GGUF
 
 
 def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry_run: bool = False,
-                  workers: int | None = None, progress: bool = False, **options: Any) -> HubRun:
+                  workers: int | None = None, progress: bool = False, ray: str | None = None,
+                  **options: Any) -> HubRun:
     """``k3ckpt gguf`` from ``url`` into ``out`` (``GGUFResult`` in ``.result``) with staged shards.
 
     The side files (vocabulary, config, chat templates) are fetched first into the staging folder
@@ -236,8 +237,11 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
     budget (``GGUFBudget``) come before any shard is downloaded.  Shards are staged when a tensor
     first reads them and released once no later tensor does (the GGUF order is by layer, not the
     source's).  A dry run fetches only the side files, into a temporary folder.  ``resume`` pins the
-    commit the first run recorded in its manifest.  ``options``: ``staging``, ``keep_source``,
-    ``max_disk``, ``endpoint``, ``token``, ``client`` and the ``gguf.convert.write_gguf`` options."""
+    commit the first run recorded in its manifest.  ``ray``: a Ray cluster (``HOST:PORT`` or
+    ``auto``) encodes the experts; the driver stages the shards and sends each expert's weights to
+    its task as Ray objects (``gguf.pool``), so no node but this one needs the staging folder.
+    ``options``: ``staging``, ``keep_source``, ``max_disk``, ``endpoint``, ``token``, ``client``
+    and the ``gguf.convert.write_gguf`` options."""
     import tempfile
 
     from ..errors import DiskSpaceError
@@ -251,6 +255,10 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
     report = options.pop("report", None)
     stage.pop("window", None)
     out = Path(out)
+    if ray is not None and not dry_run:   # before any download: a cluster that cannot be reached is one line
+        from ..raypool import join
+
+        workers = join(ray, workers)
     n = resolve_workers(workers)
     ref = parse_hub_url(url)
     if resume and manifest_path(out).is_file():   # the commit the first run read, even if the branch moved
@@ -299,7 +307,7 @@ def gguf_from_hub(url: str, out: str | os.PathLike, *, resume: bool = False, dry
                     win.release(shard)
 
             result = run_job(view, job, resume=resume, workers=n, report=report, progress=progress,
-                             after_tensor=after)
+                             after_tensor=after, ray=ray)
             if not win.stager.keep:
                 _remove_side_files(folder, side)
             ckpt.finish()

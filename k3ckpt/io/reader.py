@@ -700,6 +700,14 @@ class Checkpoint:
         self.close()
 
 
+def checkpoint_of_files(entries: Mapping[str, TensorEntry]) -> Checkpoint:
+    """A checkpoint of just these tensors, each entry's ``shard`` the path of the file that holds it:
+    what a worker reads of its task, by path, without opening the whole source (close it after)."""
+    paths = sorted({e.shard for e in entries.values()})
+    return Checkpoint(root=None, config=None, index_metadata={}, shards=paths, headers={}, tensors=dict(entries),
+                      sources={p: LocalFile(p) for p in paths})
+
+
 def open_checkpoint(path: str | os.PathLike, *, opener: Callable[[str], ByteSource] | None = None) -> Checkpoint:
     """Open a folder with an index, a single ``.safetensors`` file, or a folder
     of ``*.safetensors`` (no index).  ``opener(shard_name)`` may supply the

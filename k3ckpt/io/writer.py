@@ -310,19 +310,64 @@ class ShardedWriter:
             if sh is None:
                 raise ResumeMismatchError(f"earlier run wrote shard {name!r}, which this layout does not have "
                                           f"(shards: {self.shards[0]} ... {self.shards[-1]})", file=str(self.dst_dir))
-            try:
-                size = sh.final.stat().st_size
-                with open(sh.final, "rb") as f:
-                    prefix = f.read(len(sh.prefix))
-            except FileNotFoundError:
-                raise ResumeMismatchError("earlier run's shard is missing", file=str(sh.final)) from None
-            if size != sh.file_size or prefix != sh.prefix:
-                raise ResumeMismatchError(f"earlier run's shard does not match this layout (size {size:,}, "
-                                          f"expected {sh.file_size:,}, or a different header)", file=str(sh.final))
-            sh.done = True
-            sh.pending.clear()
-            for t in sh.tensors:
-                self._ranges[t] = [[0, self.specs[t].nbytes]] if self.specs[t].nbytes else []
+            wrong = self._unlike_layout(sh)
+            if wrong is not None:
+                raise ResumeMismatchError(f"earlier run's shard {wrong}", file=str(sh.final))
+            self._mark_done(sh)
+
+    @staticmethod
+    def _unlike_layout(sh: _Shard) -> str | None:
+        """How the file under ``sh``'s final name differs from the layout (None: same size and header)."""
+        try:
+            size = sh.final.stat().st_size
+            with open(sh.final, "rb") as f:
+                prefix = f.read(len(sh.prefix))
+        except FileNotFoundError:
+            return "is missing"
+        if size != sh.file_size or prefix != sh.prefix:
+            return f"does not match this layout (size {size:,}, expected {sh.file_size:,}, or a different header)"
+        return None
+
+    def _mark_done(self, sh: _Shard) -> None:
+        sh.done = True
+        sh.pending.clear()
+        for t in sh.tensors:
+            self._ranges[t] = [[0, self.specs[t].nbytes]] if self.specs[t].nbytes else []
+
+    # -- whole shards written by another process -------------------------------
+
+    def unwritten(self) -> list[str]:
+        """Shards not final yet, in layout order."""
+        return [n for n in self.shards if not self._shards[n].done]
+
+    def shard_layout(self, name: str) -> tuple[bytes, tuple[str, ...]]:
+        """Shard ``name``'s header bytes and its tensors in file order: the file is the header, then
+        each tensor's bytes, back to back (what another process writes for ``adopt``)."""
+        sh = self._shard(name)
+        return sh.prefix, tuple(sh.tensors)
+
+    def adopt(self, name: str, sha256: str) -> None:
+        """Shard ``name`` was written whole under its final name by another process (atomically, as
+        ``shard_layout`` says): checked as a resumed shard is (size and header), then final here
+        with that ``sha256``; ``on_shard_final`` runs as for a shard written here."""
+        sh = self._shard(name)
+        with self._lock:
+            self._check_open()
+            if sh.done or sh.fd is not None:
+                raise UsageError(f"shard {name!r} is already final or being written here", file=str(self.dst_dir))
+            wrong = self._unlike_layout(sh)
+            if wrong is not None:
+                raise ShapeError(f"shard written by another process {wrong}", file=str(sh.final))
+            self._mark_done(sh)
+            self.sha256[name] = sha256
+        if self._on_shard_final is not None:
+            self._on_shard_final(sh.final)
+
+    def _shard(self, name: str) -> _Shard:
+        try:
+            return self._shards[name]
+        except (KeyError, TypeError):
+            raise UsageError(f"no shard {name!r} in this layout", file=str(self.dst_dir)) from None
 
     def needs(self, name: str) -> bool:
         """Whether tensor ``name`` still has to be written (False once complete or resumed)."""

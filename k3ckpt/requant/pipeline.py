@@ -184,10 +184,9 @@ def requant_checkpoint(ckpt, dst, *, format: str = DEFAULT_FORMAT, experts=None,
     if max_shard_bytes <= 0:
         raise UsageError(f"--max-shard-size must be above zero, found {max_shard_bytes} bytes")
     if ray is not None and not dry_run:
-        from ..raypool import cluster_cpus, connect
+        from ..raypool import join
 
-        connect(ray)
-        workers = cluster_cpus() if workers is None else workers
+        workers = join(ray, workers)
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, found {workers}")

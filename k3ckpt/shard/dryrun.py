@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from .materialize import LAYOUTS, PACK_NAME, RankWork, check_plan, default_ckpt_id, rank_work
+from .materialize import LAYOUTS, RankWork, check_plan, default_ckpt_id, rank_work
+from .pack_writers import PACK_NAME
 from .packs import align_up
 from ..placement.spec import Plan
 from .source import SourceModel, read_source

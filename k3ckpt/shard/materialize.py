@@ -19,7 +19,9 @@ output that needs it (docs/shard.md):
 
 Files appear under their final names only when complete; an interrupted run
 resumes (``resume=True``) from the manifest: finished files are kept, packs
-continue at their first unfinished layer.
+continue at their first unfinished layer.  With ``ray`` the same files are
+written by tasks on a Ray cluster, a safetensors shard or a pack layer each
+(``shard.on_ray``); the manifest, indexes and JSON stay here.
 """
 
 from __future__ import annotations
@@ -36,17 +38,9 @@ from ..errors import UsageError
 from ..formats import ids
 from ..io.manifest import RunManifest
 from ..io.reader import Checkpoint
-from ..io.writer import (ShardedWriter, TensorSpec, atomic_write_bytes, atomic_write_json, free_space_for,
-                         is_fresh_output)
-from .packs import (
-    ExpertPack,
-    PackBuilder,
-    PackRecord,
-    align_up,
-    name_template,
-    record_parts,
-    sha256_bytes,
-)
+from ..io.writer import ShardedWriter, TensorSpec, atomic_write_json, free_space_for, is_fresh_output
+from .pack_writers import PACK_NAME, K3Packs, MoetPack, k3_packs
+from .packs import align_up
 from ..placement.spec import Plan
 from .source import SourceModel, read_source
 
@@ -56,8 +50,6 @@ LAYOUTS = ("k3ckpt", "moet")
 JOB = "shard"
 RANK_FILE = "rank.json"
 PLAN_FILE = "plan.json"
-PACK_NAME = "experts.pack"
-MOET_DIR = "moet-store"
 _CHUNK = 64 << 20
 
 
@@ -99,12 +91,15 @@ class ShardResult:
     files_resumed: int
     bytes_written: int
     hub: Any = field(default=None, compare=False)   # an hf:// source: hub.convert.HubRun (set by api.shard)
+    cluster: dict | None = field(default=None, compare=False)   # --ray: address, workers, per-node figures
 
     def to_dict(self) -> dict:
         out = asdict(replace(self, hub=None))
-        del out["hub"]
+        del out["hub"], out["cluster"]
         if self.hub is not None:
             out["hub"] = self.hub.facts()
+        if self.cluster is not None:
+            out["ray"] = self.cluster
         return out
 
 
@@ -222,218 +217,12 @@ class _RankOut:
         self.pack = None
         self.layout = layout
         if work.pack:
-            self.pack = _MoetPack(src, work, root, manifest, plan, moet_opts) if layout == "moet" else \
-                _k3_packs(src, ckpt, work, self.folder, manifest)
+            self.pack = MoetPack(src, work, root, manifest, plan, moet_opts) if layout == "moet" else \
+                k3_packs(src, ckpt, work, self.folder, manifest)
 
     def bytes_to_write(self) -> int:
         st = sum(s.nbytes for s in self.specs if self.writer.needs(s.name)) + (1 << 20)
         return st + (self.pack.bytes_to_write() if self.pack else 0)
-
-
-def _k3_packs(src: SourceModel, ckpt: Checkpoint, work: RankWork, folder: Path, manifest: RunManifest):
-    """The rank's k3ckpt packs: one per record layout (a mixed-format checkpoint has several),
-    ``experts.pack`` for the layout of the rank's first expert, then ``experts-1.pack``, ...;
-    each holds its experts in plan order."""
-    groups: dict[tuple, list] = {}
-    for key in work.pack:
-        entries = [(n, ckpt.entry(n), proj, part) for n, proj, part in src.expert_entries(key)]
-        layout = tuple((p.projection, p.part, p.dtype, p.shape) for p in record_parts(entries))
-        groups.setdefault(layout, []).append(key)
-    packs = [_K3Pack(src, ckpt, work, tuple(keys), _pack_name(i), folder, manifest)
-             for i, keys in enumerate(groups.values())]
-    return packs[0] if len(packs) == 1 else _K3Packs(packs)
-
-
-def _pack_name(i: int) -> str:
-    return PACK_NAME if i == 0 else PACK_NAME.replace(".pack", f"-{i}.pack")
-
-
-class _K3Pack:
-    """One k3ckpt pack: the records of ``keys`` (one record layout), in that order."""
-
-    def __init__(self, src: SourceModel, ckpt: Checkpoint, work: RankWork, keys: tuple, name: str, folder: Path,
-                 manifest: RunManifest):
-        first = src.expert_entries(keys[0])
-        self.parts = record_parts([(n, ckpt.entry(n), proj, part) for n, proj, part in first])
-        self.record_bytes = sum(p.nbytes for p in self.parts)
-        self.stride = align_up(self.record_bytes)
-        self.keys = keys
-        self.index = {k: i for i, k in enumerate(keys)}
-        self.work = work
-        self.name = name
-        layer0, e0 = keys[0]
-        templates = [name_template([src.expert_name(keys[0], p)], layer0, e0) for p in self.parts]
-        self.templates = None if any(t is None for t in templates) else tuple(templates)
-        self.rel = f"{work.folder}/{name}"
-        self.source_format = src.storage
-        self.folder = folder
-        self.done = manifest.done(self.rel) and manifest.done(self.rel + ".json")
-        self.builder = None if self.done else PackBuilder(folder, name, len(keys) * self.stride, manifest,
-                                                          f"pack:{self.rel}")
-        self.sha: dict[tuple[int, int], str] = {}
-        self.left = {layer: sum(1 for k in keys if k[0] == layer) for layer in work.layers}
-        if self.builder is not None:
-            for k in keys:  # layers finished by an earlier run: hash their records back
-                if k[0] in self.builder.done_layers:
-                    self.sha[k] = sha256_bytes(self.builder.pread(self.index[k] * self.stride, self.record_bytes))
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name,)
-
-    def needs(self, key) -> bool:
-        return key in self.index and self.builder is not None and key[0] not in self.builder.done_layers
-
-    def close(self) -> None:
-        if self.builder is not None:
-            self.builder.close()
-
-    def bytes_to_write(self) -> int:
-        if self.builder is None:
-            return 0
-        return sum(self.stride for k in self.keys if k[0] not in self.builder.done_layers) + (1 << 20)
-
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        for p in self.parts:
-            name = src.expert_name(key, p)
-            if arrays[name].nbytes != p.nbytes:
-                raise UsageError(f"expert (layer {key[0]}, expert {key[1]}) differs in size from the first "
-                                 f"expert of the pack", tensor=name)
-        rec = b"".join(memoryview(arrays[src.expert_name(key, p)].reshape(-1).view(np.uint8)) for p in self.parts)
-        self.builder.pwrite(self.index[key] * self.stride, rec)
-        self.sha[key] = sha256_bytes(rec)
-        self._count(key[0])
-
-    def _count(self, layer) -> None:
-        self.left[layer] -= 1
-        if self.left[layer] == 0:
-            self.builder.commit_layer(layer)
-
-    def finish(self, manifest: RunManifest) -> None:
-        if self.builder is None:
-            return
-        self.builder.finish()
-        manifest.record(self.rel)
-        records = tuple(PackRecord(layer, e, self.index[(layer, e)] * self.stride, self.record_bytes,
-                                   self.sha[(layer, e)]) for layer, e in self.keys)
-        pack = ExpertPack(pack=self.name, rank=self.work.rank, source_format=self.source_format,
-                          record_bytes=self.record_bytes,
-                          stride=self.stride, file_size=len(records) * self.stride, parts=self.parts,
-                          name_templates=self.templates, records=records)
-        self.manifest_obj = pack
-        atomic_write_json(self.folder / (self.name + ".json"), pack.to_dict(), indent=None, sort_keys=True)
-        manifest.record(self.rel + ".json")
-
-
-class _K3Packs:
-    """Several k3ckpt packs of one rank, one per record layout, used as one."""
-
-    def __init__(self, packs: list[_K3Pack]):
-        self.packs = packs
-        self.rel = packs[0].rel
-        self.of = {k: p for p in packs for k in p.keys}
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.packs)
-
-    def needs(self, key) -> bool:
-        p = self.of.get(key)
-        return p is not None and p.needs(key)
-
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        self.of[key].put(src, key, arrays)
-
-    def bytes_to_write(self) -> int:
-        return sum(p.bytes_to_write() for p in self.packs)
-
-    def close(self) -> None:
-        for p in self.packs:
-            p.close()
-
-    def finish(self, manifest: RunManifest) -> None:
-        for p in self.packs:
-            p.finish(manifest)
-
-
-class _MoetPack:
-    """A pipeline stage's moet packs: one per TP rank (``rank<t>of<tp>``), rows in lockstep."""
-
-    def __init__(self, src: SourceModel, work: RankWork, root: Path, manifest: RunManifest, plan: Plan,
-                 opts: dict):
-        from .moet_pack import PackIdentity, SlotGeometry
-
-        self.tp = opts["tp"]
-        self.geom = SlotGeometry.for_expert(src.intermediate, src.hidden, self.tp)
-        self.ident = PackIdentity(ckpt_id=opts["ckpt_id"], zero_mode=opts["zero_mode"], tag=opts["tag"],
-                                  n_layers=src.num_hidden_layers + 1, E=src.experts,
-                                  slot_bytes=self.geom.slot_bytes, stride=self.geom.stride)
-        G = plan.devices.num_gpus
-        self.stems = [self.ident.stem(t, self.tp, (work.rank, G) if G > 1 else None) for t in range(self.tp)]
-        self.work = work
-        self.folder = root / MOET_DIR
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.rel = f"{MOET_DIR}/{self.stems[0]}.pack"
-        # layer_key: creation ordinal among the stage's MoE layers (each PP stage restarts at 0)
-        self.layer_key = {layer: i for i, layer in enumerate(work.layers)}
-        self.builders = []
-        for stem in self.stems:
-            rel = f"{MOET_DIR}/{stem}"
-            done = manifest.done(rel + ".pack") and manifest.done(rel + ".json")
-            self.builders.append(None if done else PackBuilder(self.folder, stem + ".pack", self.ident.file_size,
-                                                               manifest, f"pack:{rel}.pack"))
-        self.builder = next((b for b in self.builders if b is not None), None)
-        self.keys = set(work.pack)
-        self.left = [{layer: src.experts for layer in work.layers} for _ in self.stems]
-
-    def _todo(self, t: int, layer: int) -> bool:
-        b = self.builders[t]
-        return b is not None and layer not in b.done_layers
-
-    def needs(self, key) -> bool:
-        return key in self.keys and any(self._todo(t, key[0]) for t in range(self.tp))
-
-    def bytes_to_write(self) -> int:
-        rows = sum(1 for t in range(self.tp) for layer in self.work.layers if self._todo(t, layer))
-        return rows * self.ident.E * self.ident.stride + (1 << 20)
-
-    def put(self, src: SourceModel, key, arrays: dict) -> None:
-        from .moet_pack import build_slot, tp_slice_expert
-
-        gate, up, down = src.mxfp4_triple(key, arrays)
-        for t, b in enumerate(self.builders):
-            if not self._todo(t, key[0]):
-                continue
-            slot = build_slot(self.geom, *tp_slice_expert(gate, up, down, t, self.tp))
-            b.pwrite(self.ident.row_offset(self.layer_key[key[0]], key[1]), slot)
-            self.left[t][key[0]] -= 1
-            if self.left[t][key[0]] == 0:
-                b.commit_layer(key[0])
-
-    def finish(self, manifest: RunManifest) -> None:
-        for stem, b in zip(self.stems, self.builders):
-            if b is None:
-                continue
-            b.finish()
-            manifest.record(f"{MOET_DIR}/{stem}.pack")
-            # the sidecar comes after the pack, as the runtime's own writer does it
-            atomic_write_bytes(self.folder / f"{stem}.json", self.ident.sidecar_bytes(self.layer_key.values()))
-            manifest.record(f"{MOET_DIR}/{stem}.json")
-
-    def close(self) -> None:
-        for b in self.builders:
-            if b is not None:
-                b.close()
-
-    def describe(self) -> dict:
-        g = self.geom
-        return {"packs": [{"tp_rank": t, "pack": f"{MOET_DIR}/{stem}.pack", "sidecar": f"{MOET_DIR}/{stem}.json"}
-                          for t, stem in enumerate(self.stems)],
-                "tp": self.tp, "ckpt_id": self.ident.ckpt_id, "zero_mode": self.ident.zero_mode,
-                "tag": self.ident.tag, "n_layers": self.ident.n_layers, "E": self.ident.E,
-                "slot_bytes": self.ident.slot_bytes, "stride": self.ident.stride,
-                "n13": g.n13, "k13": g.k13, "n2": g.n2, "k2": g.k2,
-                "layer_keys": [[layer, k] for layer, k in self.layer_key.items()]}
 
 
 # --------------------------------------------------------------------------- the job
@@ -463,7 +252,7 @@ def default_ckpt_id(src: SourceModel) -> str:
 def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt", resume: bool = False,
                      progress: bool = True, ranks=None, max_shard_bytes: int = 5_000_000_000,
                      ckpt_id: str | None = None, tag: str = "base", zero_mode: str = "auto",
-                     tp: int = 1) -> ShardResult:
+                     tp: int = 1, ray: str | None = None) -> ShardResult:
     """Write ``dst`` from ``ckpt`` as ``plan`` says (module docstring; docs/shard.md).
 
     Args:
@@ -476,14 +265,15 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
             ``VLLM_MOE_W2_CKPT_ID``).
         tp: moet: tensor-parallel ranks per pipeline stage; each plan rank gets one pack
             per TP rank (``rank<t>of<tp>``) holding its 1/tp of every expert.
+        ray: a Ray cluster (``HOST:PORT`` or ``auto``) whose tasks write the shard files and pack
+            layers (``shard.on_ray``); the source and ``dst`` must be paths every node sees.  The
+            bytes are those of a local run; ``result.cluster`` has per-node figures.
 
     Raises:
         UsageError: a plan for another model or format, unknown ranks, bad options.
         DiskSpaceError: ``dst``'s filesystem has less free space than the output needs.
         OutputExistsError / ResumeMismatchError: ``dst`` holds something else.
     """
-    from tqdm import tqdm
-
     if layout not in LAYOUTS:
         raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
     if not isinstance(plan, Plan):
@@ -500,6 +290,11 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
         moet_opts = {"ckpt_id": ckpt_id or default_ckpt_id(src), "tag": tag, "zero_mode": zero_mode}
         PackIdentity(slot_bytes=1, stride=4096, n_layers=1, E=1, **moet_opts)  # validate before any write
         moet_opts["tp"] = tp
+    workers = None
+    if ray is not None:   # before anything is written: a cluster that cannot be reached is one line
+        from ..raypool import join
+
+        workers = join(ray, None)
     dst = Path(dst)
     plan_json = plan.to_json()
     options = {"layout": layout, "plan_sha256": hashlib.sha256(plan_json.encode()).hexdigest(),
@@ -514,15 +309,14 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
         for w in works:
             outs.append(_RankOut(src, ckpt, w, dst, manifest, layout, plan, moet_opts, max_shard_bytes))
         free_space_for(dst, sum(o.bytes_to_write() for o in outs))
-        units = _units(src, outs)
-        total = sum(n for _, _, n in units)
-        with tqdm(total=total, unit="B", unit_scale=True, desc="shard", disable=not progress) as bar:
-            for kind, what, nbytes in units:
-                if kind == "dense":
-                    _copy_dense(ckpt, what, [o.writer for o in outs if what in o.tensor_set and o.writer.needs(what)])
-                else:
-                    _copy_expert(src, ckpt, what, outs)
-                bar.update(nbytes)
+        cluster = None
+        if ray is None:
+            _stream(src, ckpt, outs, progress)
+        else:
+            from .on_ray import write_on_ray
+
+            cluster = {"address": ray, "workers": workers,
+                       "nodes": write_on_ray(ckpt, src, outs, workers=workers, progress=progress)}
         for o in outs:
             o.writer.close()
             manifest.record(f"{o.work.folder}/{o.writer.index_path.name}")
@@ -543,9 +337,24 @@ def shard_checkpoint(ckpt: Checkpoint, plan: Plan, dst, *, layout: str = "k3ckpt
     written = sum(manifest.records[n].size for n in files)
     summaries = tuple(RankSummary(o.work.rank, o.work.folder, len(o.specs), len(o.work.experts),
                                   None if o.pack is None else o.pack.rel, len(o.work.pack),
-                                  len(o.pack.packs) - 1 if isinstance(o.pack, _K3Packs) else 0) for o in outs)
+                                  len(o.pack.packs) - 1 if isinstance(o.pack, K3Packs) else 0) for o in outs)
     manifest.finish(ranks=[o.work.rank for o in outs], files=len(files), bytes=written)
-    return ShardResult(str(dst), plan.mode, layout, summaries, tuple(files), resumed, written)
+    return ShardResult(str(dst), plan.mode, layout, summaries, tuple(files), resumed, written, cluster=cluster)
+
+
+def _stream(src: SourceModel, ckpt: Checkpoint, outs: list[_RankOut], progress: bool) -> None:
+    """The source read once, in source order, into every rank's writers that need each piece."""
+    from tqdm import tqdm
+
+    units = _units(src, outs)
+    with tqdm(total=sum(n for _, _, n in units), unit="B", unit_scale=True, desc="shard",
+              disable=not progress) as bar:
+        for kind, what, nbytes in units:
+            if kind == "dense":
+                _copy_dense(ckpt, what, [o.writer for o in outs if what in o.tensor_set and o.writer.needs(what)])
+            else:
+                _copy_expert(src, ckpt, what, outs)
+            bar.update(nbytes)
 
 
 def _units(src: SourceModel, outs: list[_RankOut]) -> list[tuple[str, object, int]]:

@@ -18,7 +18,7 @@ from ..io.reader import Checkpoint
 from ..profiles import detect
 from ..profiles.roles import Role
 
-__all__ = ["SourceModel", "read_source"]
+__all__ = ["SourceModel", "mxfp4_pairs", "read_source"]
 
 MXFP4_PAIR = ids.MXFP4_PACK
 _FIRST_RANK_ROLES = (Role.EMBEDDING, Role.VISION)
@@ -79,14 +79,14 @@ class SourceModel:
             raise ShapeError(f"expert (layer {key[0]}, expert {key[1]}) has no {part.projection} {part.part} "
                              "tensor, unlike the pack's first expert") from None
 
+    def mxfp4_names(self, key) -> tuple[str, ...]:
+        """An MXFP4 pair-layout expert's gate, up and down tensors, packed then scale each."""
+        p = self._parts[tuple(key)]
+        return tuple(p[(proj, part)] for proj in ("gate", "up", "down") for part in ("packed", "scale"))
+
     def mxfp4_triple(self, key, arrays: dict):
         """((gate packed, scale), (up ...), (down ...)) of an MXFP4 pair-layout expert."""
-        p = self._parts[tuple(key)]
-        out = []
-        for proj in ("gate", "up", "down"):
-            packed, scale = arrays[p[(proj, "packed")]], arrays[p[(proj, "scale")]]
-            out.append((packed.view(np.uint8), scale.view(np.uint8)))
-        return tuple(out)
+        return mxfp4_pairs([arrays[n] for n in self.mxfp4_names(key)])
 
     def moet_slot_bytes(self) -> int:
         """Bytes of one expert in the runtime's 2.25 representation (TP 1)."""
@@ -160,6 +160,12 @@ class SourceModel:
             h.update(f"{name}\0{e.dtype}\0{list(e.shape)}\0{e.shard}\0{e.data_offset}\n".encode())
         return {"tensors": len(self._ckpt.tensors), "layout_sha256": h.hexdigest(),
                 "shards": {s: self._ckpt.shard_size(s) for s in self._ckpt.shards}}
+
+
+def mxfp4_pairs(arrays) -> tuple:
+    """((gate packed, scale), (up ...), (down ...)) as uint8 from the six arrays of ``mxfp4_names``."""
+    a = [x.view(np.uint8) for x in arrays]
+    return (a[0], a[1]), (a[2], a[3]), (a[4], a[5])
 
 
 def read_source(ckpt: Checkpoint, *, moet: bool = False, tp: int = 1) -> SourceModel:

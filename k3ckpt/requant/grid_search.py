@@ -354,15 +354,33 @@ def _seq32(v: np.ndarray) -> np.float32:
 # run over all lanes.
 @_jit
 def _min_err(bd, nn, k, tt):
-    """Least class error t (t N - 2 B) of lane ``k`` at step ``tt`` and its first class."""
+    """Least class error t (t N - 2 B) of lane ``k`` at step ``tt`` and its first class
+    (``bd`` / ``nn`` [C, L]: class-major)."""
     be = np.inf
     bc = 0
-    for c in range(bd.shape[1]):
-        v = tt * (tt * nn[k, c] - 2.0 * bd[k, c])
+    for c in range(bd.shape[0]):
+        v = tt * (tt * nn[c, k] - 2.0 * bd[c, k])
         if v < be:
             be = v
             bc = c
     return be, bc
+
+
+@_jit
+def _lane_min(bd, nn, tl, emin, cmin):
+    """``_min_err`` of every lane k at its own step ``tl[k]``: ``emin[k]`` and ``cmin[k]`` (the same
+    operations, classes outer and lanes inner, so it vectorises)."""
+    nl = tl.shape[0]
+    for k in range(nl):
+        emin[k] = np.inf
+        cmin[k] = 0
+    for c in range(bd.shape[0]):
+        for k in range(nl):
+            tt = tl[k]
+            v = tt * (tt * nn[c, k] - 2.0 * bd[c, k])
+            take = v < emin[k]
+            emin[k] = v if take else emin[k]
+            cmin[k] = c if take else cmin[k]
 
 
 @_jit
@@ -388,10 +406,10 @@ def _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods,
 @_jit
 def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
     """For each class's chosen point (``acc[c, L + k]``): its B (float32 as the reference's
-    ``bvals``) and its energy sum w g^2, as float64 into ``bd`` / ``nn``."""
+    ``bvals``) and its energy sum w g^2, as float64 into ``bd`` / ``nn`` [C, L]."""
     nl = at.shape[1]
     f0 = np.float32(0.0)
-    for c in range(bd.shape[1]):
+    for c in range(bd.shape[0]):
         for k in range(nl):
             i = np.int64(acc[c, nl + k])
             g0 = at[0, k] * gt[0, i]
@@ -407,48 +425,49 @@ def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
             e = f0
             for j in range(8):
                 e += wl[j, k] * gsq[j, i]
-            bd[k, c] = b
-            nn[k, c] = e
+            bd[c, k] = b
+            nn[c, k] = e
 
 
 @_jit
-def _free_steps(bd, nn, gc, ns, tstar):
-    """Per sub-block lane m the free step by alternation (as the reference's ``free_step``)."""
-    ncls = bd.shape[1]
-    for m in range(ns):
-        num = 0.0
-        den = 0.0
-        for h in range(gc):
-            k = h * ns + m
-            bg = -1.0
-            bc = 0
-            for c in range(ncls):
-                gv = bd[k, c] * bd[k, c] / nn[k, c] if nn[k, c] > 0.0 and bd[k, c] > 0.0 else 0.0
-                if gv > bg:
-                    bg = gv
-                    bc = c
-            num += bd[k, bc]
-            den += nn[k, bc]
-        tt = num / den if den > 0.0 else 0.0
-        for _ in range(ALT):
+def _free_steps(bd, nn, gc, ns, tstar, tl, emin, cmin):
+    """Per sub-block lane m the free step by alternation (as the reference's ``free_step``): each
+    group's class of largest gain B^2 / N, the least-squares step of those classes, then ``ALT``
+    rounds of the best classes at that step and their least-squares step.  The class searches run
+    over all lanes at once (``tl``, ``emin``, ``cmin``: scratch [L])."""
+    nl = tl.shape[0]
+    for k in range(nl):
+        emin[k] = -1.0
+        cmin[k] = 0
+    for c in range(bd.shape[0]):
+        for k in range(nl):
+            b = bd[c, k]
+            n = nn[c, k]
+            gv = b * b / n if n > 0.0 and b > 0.0 else 0.0
+            take = gv > emin[k]
+            emin[k] = gv if take else emin[k]
+            cmin[k] = c if take else cmin[k]
+    for r in range(ALT + 1):
+        for m in range(ns):
             num = 0.0
             den = 0.0
             for h in range(gc):
                 k = h * ns + m
-                _, bc = _min_err(bd, nn, k, tt)
-                num += bd[k, bc]
-                den += nn[k, bc]
-            tt = num / den if den > 0.0 else 0.0
-        tstar[m] = tt
+                num += bd[cmin[k], k]
+                den += nn[cmin[k], k]
+            tstar[m] = num / den if den > 0.0 else 0.0
+        if r < ALT:
+            for k in range(nl):
+                tl[k] = tstar[k % ns]
+            _lane_min(bd, nn, tl, emin, cmin)
 
 
 @_jit
-def _sub_err(bd, nn, gc, ns, m, tt):
-    """Error of sub-block lane ``m`` at step ``tt``: its groups' least class errors, in order."""
+def _sub_err(emin, gc, ns, m):
+    """Error of sub-block lane ``m`` from its groups' least class errors ``emin`` [L], in order."""
     e = 0.0
     for h in range(gc):
-        v, _ = _min_err(bd, nn, h * ns + m, tt)
-        e += v
+        e += emin[h * ns + m]
     return e
 
 
@@ -492,13 +511,25 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     m3 = np.empty((27, nl), np.float32)
     hh = np.empty(162 * 2 * nl, np.float32)
     acc = np.empty((nv, ncls, 2 * nl), np.float32)
-    bd = np.empty((nv, nl, ncls))         # per lane, its classes contiguous (the scalar loops run over c)
-    nn = np.empty((nv, nl, ncls))
+    bd = np.empty((nv, ncls, nl))         # class-major: the class searches run over the lanes
+    nn = np.empty((nv, ncls, nl))
     nvs = 1 if group_shift else nv        # shift choices per sub-block
     ncs = nv * ncls if group_shift else ncls
-    bdc = np.empty((nvs, nl, ncs))        # what steps 2-4 choose from
-    nnc = np.empty((nvs, nl, ncs))
+    bdg = np.empty((nvs if group_shift else 0, ncs, nl))    # with a shift per group: the shifts' classes side by side
+    nng = np.empty((nvs if group_shift else 0, ncs, nl))
     tsv = np.zeros((nvs, ns))
+    tl = np.empty(nl)
+    cmin = np.empty(nl, np.int64)
+    em = np.empty((nvs, nl))
+    em1 = np.empty((nvs, nl))
+    cmv = np.empty((nvs, nl), np.int64)
+    s_lo = np.empty(ns, np.int64)
+    t0m = np.empty(ns)
+    t1m = np.empty(ns)
+    d0b = np.zeros(nsb)
+    dnb = np.zeros(nsb)
+    totals = np.zeros(nsb)
+    lsact = np.zeros(nsb, np.bool_)
     tstar = np.zeros(ns)
     s_try = np.zeros(ns, np.int64)
     v_try = np.zeros(ns, np.int64)
@@ -579,74 +610,102 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
             _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
                           acc[v])
             _class_values(acc[v], at, wl, hpf, gt[v], gsq[v], bd[v], nn[v])
-        for v in range(nv):
-            for k in range(nl):
+        if group_shift:
+            for v in range(nv):
                 for c in range(ncls):
-                    vs = 0 if group_shift else v
-                    cs = v * ncls + c if group_shift else c
-                    bdc[vs, k, cs] = bd[v, k, c]
-                    nnc[vs, k, cs] = nn[v, k, c]
+                    for k in range(nl):
+                        bdg[0, v * ncls + c, k] = bd[v, c, k]
+                        nng[0, v * ncls + c, k] = nn[v, c, k]
+        bdc = bdg if group_shift else bd      # what steps 2-4 choose from: [nvs, classes, lanes]
+        nnc = nng if group_shift else nn
         for v in range(nvs):
-            _free_steps(bdc[v], nnc[v], gc, ns, tsv[v])
+            _free_steps(bdc[v], nnc[v], gc, ns, tsv[v], tl, em[v], cmin)
+        if nvs > 1:
+            for v in range(nvs):
+                for k in range(nl):
+                    tl[k] = tsv[v, k % ns]
+                _lane_min(bdc[v], nnc[v], tl, em[v], cmin)
         for m in range(ns):
             vb = 0
             if nvs > 1:
                 be = np.inf
                 for v in range(nvs):
-                    e = _sub_err(bdc[v], nnc[v], gc, ns, m, tsv[v, m])
+                    e = _sub_err(em[v], gc, ns, m)
                     if e < be:
                         be = e
                         vb = v
             tstar[m] = tsv[vb, m]
-        # 3. d candidates per super-block, then least-squares refinement
+        # 3. d candidates per super-block (the q-th of every super-block at once), then
+        #    least-squares refinement
         for b in range(nsb):
             tmax = 0.0
             for m in range(nsub * b, nsub * b + nsub):
                 tmax = tstar[m] if tstar[m] > tmax else tmax
-            d0 = tmax / (unit * (smax + 0.5))
+            d0b[b] = tmax / (unit * (smax + 0.5))
             best_total[b] = np.inf
             best_dn[b] = 0.0
-            if not live[b]:
+        for q in range(d_mult.shape[0]):
+            some = False
+            for b in range(nsb):
+                dnb[b] = _round_f16_nb(d0b[b] * d_mult[q] * unscale[b]) / unscale[b] if live[b] else 0.0
+                some = some or dnb[b] != 0.0
+            if not some:
                 continue
-            for q in range(d_mult.shape[0]):
-                dn = _round_f16_nb(d0 * d_mult[q] * unscale[b]) / unscale[b]
-                if dn == 0.0:
-                    continue
-                total = _eval_d(dn, b, tstar, bdc, nnc, gc, ns, unit, smax, s_try, v_try)
-                if total < best_total[b]:
-                    best_total[b] = total
-                    best_dn[b] = dn
+            _eval_blocks(dnb, tstar, bdc, nnc, gc, ns, unit, smax, tl, em, em1, cmin, s_lo, t0m, t1m, s_try, v_try,
+                         totals)
+            for b in range(nsb):
+                if dnb[b] != 0.0 and totals[b] < best_total[b]:
+                    best_total[b] = totals[b]
+                    best_dn[b] = dnb[b]
                     for m in range(nsub * b, nsub * b + nsub):
                         s_sel[m] = s_try[m]
                         v_sel[m] = v_try[m]
-            if best_dn[b] == 0.0:
-                continue
-            for _ in range(LS_STEPS):
+        for b in range(nsb):
+            lsact[b] = best_dn[b] != 0.0
+        for _ in range(LS_STEPS):
+            for v in range(nvs):                  # each group's best class at its sub-block's chosen step
+                for k in range(nl):
+                    m = k % ns
+                    b = m // nsub
+                    tl[k] = best_dn[b] * unit * (0.5 + s_sel[m]) if best_dn[b] != 0.0 else 1.0
+                _lane_min(bdc[v], nnc[v], tl, em[v], cmv[v])
+            some = False
+            for b in range(nsb):
+                dnb[b] = 0.0
+                if not lsact[b]:
+                    continue
                 num = 0.0
                 den = 0.0
                 for m in range(nsub * b, nsub * b + nsub):
                     hv = 0.5 + s_sel[m]
-                    tt = best_dn[b] * unit * hv
                     vm = v_sel[m]
                     sb = 0.0
                     sn = 0.0
                     for h in range(gc):
                         k = h * ns + m
-                        _, bc = _min_err(bdc[vm], nnc[vm], k, tt)
-                        sb += bdc[vm, k, bc]
-                        sn += nnc[vm, k, bc]
+                        bc = cmv[vm, k]
+                        sb += bdc[vm, bc, k]
+                        sn += nnc[vm, bc, k]
                     num += hv * sb
                     den += hv * hv * sn
-                if not den > 0.0:
-                    break
-                dn = _round_f16_nb(inv_unit * num / den * unscale[b]) / unscale[b]
+                dn = _round_f16_nb(inv_unit * num / den * unscale[b]) / unscale[b] if den > 0.0 else 0.0
                 if not dn > 0.0 or dn == best_dn[b]:
-                    break
-                total = _eval_d(dn, b, tstar, bdc, nnc, gc, ns, unit, smax, s_try, v_try)
-                if not total < best_total[b]:
-                    break
-                best_total[b] = total
-                best_dn[b] = dn
+                    lsact[b] = False
+                    continue
+                dnb[b] = dn
+                some = True
+            if not some:
+                break
+            _eval_blocks(dnb, tstar, bdc, nnc, gc, ns, unit, smax, tl, em, em1, cmin, s_lo, t0m, t1m, s_try, v_try,
+                         totals)
+            for b in range(nsb):
+                if dnb[b] == 0.0:
+                    continue
+                if not totals[b] < best_total[b]:
+                    lsact[b] = False
+                    continue
+                best_total[b] = totals[b]
+                best_dn[b] = dnb[b]
                 for m in range(nsub * b, nsub * b + nsub):
                     s_sel[m] = s_try[m]
                     v_sel[m] = v_try[m]
@@ -687,29 +746,44 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
 
 
 @_jit
-def _eval_d(dn, b, tstar, bd, nn, gc, ns, unit, smax, s_out, v_out):
-    """Total error of super-block ``b`` at normalised ``dn``; per sub-block the better of the two
-    scales around its t*, at its best shift -> ``s_out`` / ``v_out``."""
-    u = dn * unit
-    total = 0.0
+def _eval_blocks(dnb, tstar, bd, nn, gc, ns, unit, smax, tl, e0, e1, cmin, s_lo, t0m, t1m, s_out, v_out, totals):
+    """Total error of every super-block b of the chunk with ``dnb[b]`` != 0 at normalised d
+    ``dnb[b]`` -> ``totals[b]``; per sub-block the better of the two scales around its t*, at its
+    best shift -> ``s_out`` / ``v_out``.  The class minima of both steps run over all lanes at once."""
+    nl = tl.shape[0]
     nsub = 32 // gc
     top = smax - 1.0
-    for m in range(nsub * b, nsub * b + nsub):
+    for m in range(ns):
+        dn = dnb[m // nsub]
+        u = (dn if dn != 0.0 else 1.0) * unit
         sc = min(tstar[m] / u - 0.5, top)
         s0 = int(math.floor(sc)) if sc > 0.0 else 0
-        t0 = u * (0.5 + s0)
-        t1 = u * (0.5 + (s0 + 1))
-        best = np.inf
-        for v in range(bd.shape[0]):
-            e0 = _sub_err(bd[v], nn[v], gc, ns, m, t0)
-            e1 = _sub_err(bd[v], nn[v], gc, ns, m, t1)
-            cand = e1 if e1 < e0 else e0
-            if cand < best:
-                best = cand
-                s_out[m] = s0 + 1 if e1 < e0 else s0
-                v_out[m] = v
-        total += best
-    return total
+        s_lo[m] = s0
+        t0m[m] = u * (0.5 + s0)
+        t1m[m] = u * (0.5 + (s0 + 1))
+    for v in range(bd.shape[0]):
+        for k in range(nl):
+            tl[k] = t0m[k % ns]
+        _lane_min(bd[v], nn[v], tl, e0[v], cmin)
+        for k in range(nl):
+            tl[k] = t1m[k % ns]
+        _lane_min(bd[v], nn[v], tl, e1[v], cmin)
+    for b in range(dnb.shape[0]):
+        if dnb[b] == 0.0:
+            continue
+        total = 0.0
+        for m in range(nsub * b, nsub * b + nsub):
+            best = np.inf
+            for v in range(bd.shape[0]):
+                a0 = _sub_err(e0[v], gc, ns, m)
+                a1 = _sub_err(e1[v], gc, ns, m)
+                cand = a1 if a1 < a0 else a0
+                if cand < best:
+                    best = cand
+                    s_out[m] = s_lo[m] + 1 if a1 < a0 else s_lo[m]
+                    v_out[m] = v
+            total += best
+        totals[b] = total
 
 
 def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Codes, tuple[int, ...]]:

@@ -23,6 +23,8 @@ def _chunk():
         pytest.skip(why)
     lib = _ggml.libggml
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+    lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
     fn = lib.ggml_quantize_chunk
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -42,3 +44,9 @@ def ggml_quantize(qtype, x: np.ndarray, block_bytes: int, imatrix: np.ndarray | 
     size = fn(int(qtype), x.ctypes.data, out.ctypes.data, 0, n, k, None if q is None else q.ctypes.data)
     assert size == out.nbytes, (size, out.nbytes)
     return out
+
+
+def ggml_requires_imatrix(qtype) -> bool:
+    """Whether ggml refuses to quantize ``qtype`` without an importance matrix."""
+    lib, _ = _chunk()
+    return bool(lib.ggml_quantize_requires_imatrix(int(qtype)))

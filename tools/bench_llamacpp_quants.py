@@ -19,9 +19,9 @@ exp(N(0, 1)): the heavy-tailed spread of llama.cpp's mean squared activations).
 Quality: the importance-weighted SNR ``10 log10(sum q x^2 / sum q (x - y)^2)``
 (q = 1 without an importance matrix), ours against ggml's on the same data.
 ggml is ``ggml_quantize_chunk`` from the libggml that llama-cpp-python builds,
-through ctypes: without an importance matrix Q2_K and IQ3_XXS run their own rule
-for a missing one (what llama-quantize does), the IQ1 and IQ2 types refuse to run
-without one, so they get all ones (ours takes None, which means the same).
+through ctypes: without an importance matrix Q2_K runs ggml's own rule for a
+missing one (what llama-quantize does), and the i-quants, which llama-quantize refuses
+to write without one, get all ones (ours takes None, which means the same).
 
 Speed: process CPU time of one thread pinned to one core, best of ``--repeat``,
 both encoders on the Gaussian source, alternately.  Targets: SNR >= ggml's and
@@ -60,21 +60,25 @@ from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
 from k3ckpt.requant import iq1m, iq1s, iq2s, iq2xs, iq2xxs, iq3xxs, q2_k  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
+# the ggml types llama-quantize refuses to write without an importance matrix (llama.cpp's
+# src/llama-quant.cpp, tensor_requires_imatrix): IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS
+IMATRIX_REQUIRED = frozenset({19, 29, 16, 17, 22, 18})
 FORMATS = {
-    # name: (ggml type id, block bytes, our encoder, decoder, ggml needs an importance matrix)
-    "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k, False),
-    "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs, True),
-    "iq2_xs": (17, fmt_iq2xs.BLOCK_BYTES, iq2xs.encode, fmt_iq2xs.decode_iq2xs, True),
-    "iq2_s": (22, fmt_iq2s.BLOCK_BYTES, iq2s.encode, fmt_iq2s.decode_iq2s, True),
-    "iq1_m": (29, fmt_iq1m.BLOCK_BYTES, iq1m.encode, fmt_iq1m.decode_iq1m, True),
-    "iq1_s": (19, fmt_iq1s.BLOCK_BYTES, iq1s.encode, fmt_iq1s.decode_iq1s, True),
-    "iq3_xxs": (18, fmt_iq3xxs.BLOCK_BYTES, iq3xxs.encode, fmt_iq3xxs.decode_iq3xxs, False),
+    # name: (ggml type id, block bytes, our encoder, decoder)
+    "q2_k": (10, fmt_q2k.BLOCK_BYTES, q2_k.encode, fmt_q2k.decode_q2k),
+    "iq2_xxs": (16, fmt_iq2xxs.BLOCK_BYTES, iq2xxs.encode, fmt_iq2xxs.decode_iq2xxs),
+    "iq2_xs": (17, fmt_iq2xs.BLOCK_BYTES, iq2xs.encode, fmt_iq2xs.decode_iq2xs),
+    "iq2_s": (22, fmt_iq2s.BLOCK_BYTES, iq2s.encode, fmt_iq2s.decode_iq2s),
+    "iq1_m": (29, fmt_iq1m.BLOCK_BYTES, iq1m.encode, fmt_iq1m.decode_iq1m),
+    "iq1_s": (19, fmt_iq1s.BLOCK_BYTES, iq1s.encode, fmt_iq1s.decode_iq1s),
+    "iq3_xxs": (18, fmt_iq3xxs.BLOCK_BYTES, iq3xxs.encode, fmt_iq3xxs.decode_iq3xxs),
 }
 
 
 def ggml_quantizer():
     """``quantize(ggml_type, x [n, k] float32, imatrix [k] or None) -> bytes [n, ...]`` through
-    libggml, or (None, why not)."""
+    libggml, or (None, why not).  Without an importance matrix the types llama-quantize refuses
+    to quantize without one (``IMATRIX_REQUIRED``) get all ones; Q2_K runs ggml's own rule."""
     try:
         from llama_cpp import _ggml  # type: ignore[import-not-found]
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
@@ -92,6 +96,8 @@ def ggml_quantizer():
         x = np.ascontiguousarray(x, np.float32)
         n, k = x.shape
         out = np.zeros((n, k // 256 * block[gtype]), np.uint8)
+        if imatrix is None and gtype in IMATRIX_REQUIRED:
+            imatrix = np.ones(k, np.float32)
         q = None if imatrix is None else np.ascontiguousarray(imatrix, np.float32)
         size = fn(gtype, x.ctypes.data, out.ctypes.data, 0, n, k, None if q is None else q.ctypes.data)
         assert size == out.nbytes, (size, out.nbytes)
@@ -135,23 +141,21 @@ def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS)) -> dict:
                  "quality": [], "speed": []}
     sources = {name: mxfp4.decode_pair(*mxfp4.encode_pair(x)) for name, x in data.items()}
     for fname in formats:
-        gtype, _, enc, dec, needs = FORMATS[fname]
+        gtype, _, enc, dec = FORMATS[fname]
         for sname, src in sources.items():
             for iname, q in importance.items():
                 row = {"format": fname, "source": sname, "imatrix": iname,
                        "ours_db": weighted_snr(src, dec(enc(src, imatrix=q)), q)}
                 if ggml is not None:
-                    gq = np.ones(k, np.float32) if (q is None and needs) else q
-                    row["ggml_db"] = weighted_snr(src, dec(ggml(gtype, src, gq)), q)
+                    row["ggml_db"] = weighted_snr(src, dec(ggml(gtype, src, q)), q)
                     row["gain_db"] = row["ours_db"] - row["ggml_db"]
                 res["quality"].append(row)
         src = sources["gaussian"]
         for iname, q in importance.items():
-            gq = np.ones(k, np.float32) if (q is None and needs) else q
             ours = bench_requant.cpu_best(lambda: enc(src, imatrix=q), repeat)
             row = {"format": fname, "imatrix": iname, "ours_mw_s": src.size / ours / 1e6}
             if ggml is not None:
-                theirs = bench_requant.cpu_best(lambda: ggml(gtype, src, gq), repeat)
+                theirs = bench_requant.cpu_best(lambda: ggml(gtype, src, q), repeat)
                 row["ggml_mw_s"] = src.size / theirs / 1e6
                 row["speedup"] = theirs / ours
             res["speed"].append(row)
@@ -178,8 +182,8 @@ def render(res: dict, pin_note: str) -> str:
     n, k = res["shape"]
     lines = [f"llama.cpp quant family from MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.2f} M weights; "
              f"{pin_note}; ggml: {res['ggml']}; trained set: {res['trained']}",
-             "SNR weighted by the importance matrix (1 without); Q2_K and IQ3_XXS without one: ggml's own rule; "
-             "the IQ1 / IQ2 types without one: ggml given all ones", ""]
+             "SNR weighted by the importance matrix (1 without); without one ggml's Q2_K runs its own rule "
+             "and its i-quants get all ones (llama-quantize refuses them without one)", ""]
     lines.append(f"{'format':<8} {'source':<13} {'imatrix':<10} {'ours dB':>8} {'ggml dB':>8} {'gain dB':>8}")
     for r in res["quality"]:
         g = f"{r['ggml_db']:>8.3f} {r['gain_db']:>+8.3f}" if "ggml_db" in r else f"{'-':>8} {'-':>8}"

@@ -1,5 +1,5 @@
 """What the llama.cpp block formats (``gguf-iq1_s``, ``gguf-iq1_m``, ``gguf-iq2_xs``, ``gguf-iq2_xxs``, ``gguf-iq2_s``,
-``gguf-q2_k``) share.
+``gguf-q2_k``, ``gguf-iq3_xxs``) share.
 
 Each stores a weight ``[..., K]`` (K a multiple of 256) as one U8 tensor
 ``.weight_packed`` ``[..., K/256*B]``: per row its 256-weight super-blocks in

@@ -183,6 +183,30 @@ def test_gguf_from_the_hub_on_ray_is_the_local_hub_run(attached, hub_k3, tmp_pat
     assert rows(remote) == rows(local)
 
 
+def test_requant_on_ray_resumes_after_the_driver_stops(k3_tiny, joined, tmp_path, monkeypatch):
+    local = api.requant(k3_tiny, tmp_path / "clean", format="gguf-iq2_xs", max_shard_size="1MB", workers=1)
+    assert len(local.shards) > 3
+    out = tmp_path / "ray"
+    real, seen = RunManifest.record, []
+
+    def record(self, name, **kw):        # the driver stops as SIGKILL would once 2 shards are final
+        got = real(self, name, **kw)
+        if name.endswith(".safetensors"):
+            seen.append(name)
+            if len(seen) == 2:
+                raise Killed()
+        return got
+
+    with monkeypatch.context() as mp:
+        mp.setattr(RunManifest, "record", record)
+        with pytest.raises(Killed):
+            api.requant(k3_tiny, out, format="gguf-iq2_xs", max_shard_size="1MB", ray=joined)
+    r = api.requant(k3_tiny, out, format="gguf-iq2_xs", max_shard_size="1MB", ray=joined, resume=True)
+    assert set(r.resumed_shards) == set(seen) and r.shards == local.shards
+    assert _same_files(tmp_path / "clean", out, local.shards)
+    assert [x.to_dict() for x in r.results] == [x.to_dict() for x in local.results]
+
+
 def test_gguf_on_ray_resumes_after_the_driver_stops(k3_tiny, joined, tmp_path, monkeypatch):
     clean = _digests(api.gguf(k3_tiny, tmp_path / "clean" / "k3.gguf", split_max_size="2MB", workers=1).paths)
     out = tmp_path / "ray" / "k3.gguf"

@@ -44,14 +44,14 @@ import types
 
 import numpy as np
 
+from ..formats.iq3xxs import GRID_VALUES as LEVELS
 from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_imatrix, check_rows, freeze
 
 __all__ = ["BLOCK_BYTES", "D_MULT", "LEVELS", "LLOYD", "LS_STEPS", "START", "encode", "encode_reference", "pack",
            "search_tables"]
 
 BLOCK_BYTES = 98                     # fp16 d, 64 grid bytes, 8 x u32 (4 x 7 sign bits + 4-bit scale)
-LEVELS = (4, 12, 20, 28, 36, 44, 52, 62)
-BOUNDS = (8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 57.0)   # midpoints between the levels
+BOUNDS = tuple((a + b) / 2 for a, b in zip(LEVELS, LEVELS[1:]))    # 8, 16, ..., 48, 57: _cells has them written out
 NEAREST = 8                          # grid points tried per lane
 START = (44.0, 58.0, 72.0)           # the grid value a sub-block's largest target maps to, per start
 LLOYD = 1

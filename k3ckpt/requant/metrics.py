@@ -128,6 +128,7 @@ def _block_into(ref, approx, r, j0, j1, acc):
     be = 0.0
     bxy = 0.0
     bad = 0
+    top = acc[_MAXABS]          # a local, so the loop keeps it in a register (a maximum is exact in any order)
     for j in range(j0, j1):
         x = np.float64(ref[r, j])
         y = np.float64(approx[r, j])
@@ -141,8 +142,8 @@ def _block_into(ref, approx, r, j0, j1, acc):
         be += e
         bxy += x * y
         a = abs(e)
-        if a > acc[_MAXABS]:
-            acc[_MAXABS] = a
+        top = a if a > top else top
+    acc[_MAXABS] = top
     acc[_SXX] += bxx
     acc[_SYY] += byy
     acc[_SEE] += bee

@@ -183,22 +183,29 @@ def test_gguf_from_the_hub_on_ray_is_the_local_hub_run(attached, hub_k3, tmp_pat
     assert rows(remote) == rows(local)
 
 
+def _stop_after_records(mp, n: int, suffix: str = "") -> list[str]:
+    """The driver stops as SIGKILL would once its manifest has recorded ``n`` files ending in
+    ``suffix``; returns the names recorded (filled as the run goes)."""
+    real, seen = RunManifest.record, []
+
+    def record(self, name, **kw):
+        got = real(self, name, **kw)
+        if name.endswith(suffix):
+            seen.append(name)
+            if len(seen) == n:
+                raise Killed()
+        return got
+
+    mp.setattr(RunManifest, "record", record)
+    return seen
+
+
 def test_requant_on_ray_resumes_after_the_driver_stops(k3_tiny, joined, tmp_path, monkeypatch):
     local = api.requant(k3_tiny, tmp_path / "clean", format="gguf-iq2_xs", max_shard_size="1MB", workers=1)
     assert len(local.shards) > 3
     out = tmp_path / "ray"
-    real, seen = RunManifest.record, []
-
-    def record(self, name, **kw):        # the driver stops as SIGKILL would once 2 shards are final
-        got = real(self, name, **kw)
-        if name.endswith(".safetensors"):
-            seen.append(name)
-            if len(seen) == 2:
-                raise Killed()
-        return got
-
     with monkeypatch.context() as mp:
-        mp.setattr(RunManifest, "record", record)
+        seen = _stop_after_records(mp, 2, ".safetensors")
         with pytest.raises(Killed):
             api.requant(k3_tiny, out, format="gguf-iq2_xs", max_shard_size="1MB", ray=joined)
     r = api.requant(k3_tiny, out, format="gguf-iq2_xs", max_shard_size="1MB", ray=joined, resume=True)
@@ -269,17 +276,8 @@ def test_shard_on_ray_retries_a_killed_worker(k3_tiny, cache_plan, killing, clus
 def test_shard_on_ray_resumes_after_the_driver_stops(k3_tiny, cache_plan, joined, tmp_path, monkeypatch):
     api.shard(k3_tiny, tmp_path / "clean", plan=cache_plan, max_shard_size=SHARD)
     out = tmp_path / "out"
-    real, seen = RunManifest.record, []
-
-    def record(self, name, **kw):        # the driver stops as SIGKILL would once 3 files are final
-        got = real(self, name, **kw)
-        seen.append(name)
-        if len(seen) == 3:
-            raise Killed()
-        return got
-
     with monkeypatch.context() as mp:
-        mp.setattr(RunManifest, "record", record)
+        _stop_after_records(mp, 3)
         with pytest.raises(Killed):
             api.shard(k3_tiny, out, plan=cache_plan, max_shard_size=SHARD, ray=joined)
     assert RunManifest.load(out).state == "running" and len(RunManifest.load(out).records) == 3

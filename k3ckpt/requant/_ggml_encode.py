@@ -18,7 +18,7 @@ import numpy as np
 from .._numba import njit
 from ..errors import NaNScaleError, ShapeError, UsageError
 
-__all__ = ["QK", "TINY", "best_d", "check_imatrix", "check_rows", "class_argmax", "class_argmax_plain", "f16_bits",
+__all__ = ["QK", "TINY", "as_rows", "best_d", "block_inputs", "check_imatrix", "check_rows", "class_argmax", "class_argmax_plain", "f16_bits",
            "grid_classes", "half_offsets", "half_sums", "round_f16"]
 
 QK = 256                     # weights per super-block
@@ -71,6 +71,20 @@ def check_imatrix(imatrix, k: int, *, name: str | None = None) -> np.ndarray:
     if top == 0.0:
         return np.ones(k, np.float32)
     return (q * np.float32(math.ldexp(1.0, -math.frexp(top)[1]))).astype(np.float32)
+
+
+def block_inputs(x, imatrix, label: str, *, name: str | None) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """An encoder's input as super-blocks: ``x`` (``check_rows``) as float32 ``[M * K/256, 256]``,
+    the importance (``check_imatrix``) as ``[K/256, 256]`` (super-block i reads row i % (K/256)),
+    and ``x``'s shape."""
+    x2, shape = check_rows(x, label, name=name)
+    qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
+    return x2.reshape(-1, QK), qw, shape
+
+
+def as_rows(blocks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Bytes per super-block ``[n, B]`` of an input of ``shape`` ``[..., K]`` as ``[..., K/256*B]``."""
+    return blocks.reshape(tuple(shape[:-1]) + (shape[-1] // QK * blocks.shape[-1],))
 
 
 # ----------------------------------------------------------- fp16 rounding

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, check_imatrix, check_rows,
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, block_inputs,
                            class_argmax, class_argmax_plain, freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_reference", "search_tables"]
@@ -141,16 +141,10 @@ def _codes(n: int, g: Grid) -> Codes:
                  np.zeros((n, g.sub_blocks), np.int64), np.zeros((n, g.shift_slots), np.int64))
 
 
-def _inputs(x, imatrix, label: str, name: str | None):
-    x2, shape = check_rows(x, label, name=name)
-    qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
-    return x2.reshape(-1, QK), qw, shape
-
-
 # --------------------------------------------------------------- reference
 def search_reference(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Codes, tuple[int, ...]]:
     """Numpy twin of ``search`` (same decisions, same float operations; slow)."""
-    blocks, qw, shape = _inputs(x, imatrix, g.label, name)
+    blocks, qw, shape = block_inputs(x, imatrix, g.label, name=name)
     codes = _codes(len(blocks), g)
     for i, b in enumerate(blocks):
         _ref_block(b, qw[i % len(qw)], g, t, codes, i)
@@ -791,7 +785,7 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     ``x``'s shape (numba, one thread); ``t`` is ``search_tables(grid, g)``.
 
     ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``_ggml_encode.check_imatrix``)."""
-    xb, qw, shape = _inputs(x, imatrix, g.label, name)
+    xb, qw, shape = block_inputs(x, imatrix, g.label, name=name)
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
                    np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.gsq, t.order, t.lev, t.lsq,

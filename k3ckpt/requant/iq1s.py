@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from . import grid_search
+from ._ggml_encode import as_rows
 from .grid_search import Codes, Grid
 
 __all__ = ["C_TAU", "GRID", "encode", "encode_reference", "pack", "search_tables"]
@@ -50,7 +51,7 @@ def pack(codes: Codes) -> np.ndarray:
 
 
 def _bytes(codes: Codes, shape) -> np.ndarray:
-    return pack(codes).reshape(tuple(shape[:-1]) + (shape[-1] // 256 * BLOCK_BYTES,))
+    return as_rows(pack(codes), shape)
 
 
 def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:

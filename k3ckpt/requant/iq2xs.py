@@ -62,7 +62,7 @@ import numpy as np
 
 from . import grid_search
 from .grid_search import Codes, Grid
-from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, check_rows, class_argmax,
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, best_d, check_rows, class_argmax,
                            f16_bits, freeze, grid_classes, half_offsets, half_sums, round_f16)
 
 __all__ = ["C_TAU", "D_MULT", "WEIGHTED", "encode", "encode_reference", "f16_bits", "pack", "round_f16",
@@ -113,7 +113,7 @@ def pack(codes: Codes) -> np.ndarray:
 
 def _weighted(search, x, imatrix, name) -> np.ndarray:
     codes, shape = search(x, WEIGHTED, weighted_tables(), imatrix=imatrix, name=name)
-    return pack(codes).reshape(tuple(shape[:-1]) + (shape[-1] // QK * BLOCK_BYTES,))
+    return as_rows(pack(codes), shape)
 
 
 # ------------------------------------------------------------ numba kernel
@@ -426,7 +426,7 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
     _encode_kernel(xb, xb.view(np.uint32), t.gt, t.order, t.lev, t.lo, t.hi, t.cls_start, t.cls_norm,
                    t.nn, t.inv_nn32, D_MULT, out)
-    return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))
+    return as_rows(out, shape)
 
 
 # --------------------------------------------------------------- reference
@@ -438,7 +438,7 @@ def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     t = search_tables()
     blocks = x2.reshape(-1, QK)
     out = np.stack([_ref_block(b, t) for b in blocks]) if len(blocks) else np.zeros((0, BLOCK_BYTES), np.uint8)
-    return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))
+    return as_rows(out, shape)
 
 
 def _ref_block(x: np.ndarray, t) -> np.ndarray:

@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from . import grid_search
+from ._ggml_encode import as_rows
 from .grid_search import ALT, D_MULT, LS_STEPS, SB_CHUNK, Codes, Grid
 
 __all__ = ["ALT", "C_TAU", "D_MULT", "GRID", "LS_STEPS", "SB_CHUNK", "encode", "encode_reference", "pack",
@@ -47,7 +48,7 @@ def pack(codes: Codes) -> np.ndarray:
 
 
 def _bytes(codes: Codes, shape) -> np.ndarray:
-    return pack(codes).reshape(tuple(shape[:-1]) + (shape[-1] // 256 * BLOCK_BYTES,))
+    return as_rows(pack(codes), shape)
 
 
 def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:

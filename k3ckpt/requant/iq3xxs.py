@@ -45,7 +45,7 @@ import types
 import numpy as np
 
 from ..formats.iq3xxs import GRID_VALUES as LEVELS
-from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_imatrix, check_rows, freeze
+from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, block_inputs, freeze
 
 __all__ = ["BLOCK_BYTES", "D_MULT", "LEVELS", "LLOYD", "LS_STEPS", "START", "encode", "encode_reference", "pack",
            "search_tables"]
@@ -92,14 +92,8 @@ def pack(d_bits: np.ndarray, index: np.ndarray, signs: np.ndarray, scales: np.nd
     return out
 
 
-def _inputs(x, imatrix, name):
-    x2, shape = check_rows(x, "IQ3_XXS", name=name)
-    qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
-    return x2.reshape(-1, QK), qw, shape
-
-
 def _bytes(codes, shape) -> np.ndarray:
-    return pack(*codes).reshape(tuple(shape[:-1]) + (shape[-1] // QK * BLOCK_BYTES,))
+    return as_rows(pack(*codes), shape)
 
 
 def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
@@ -107,7 +101,7 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     (numba, one thread).
 
     ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``_ggml_encode.check_imatrix``)."""
-    xb, qw, shape = _inputs(x, imatrix, name)
+    xb, qw, shape = block_inputs(x, imatrix, "IQ3_XXS", name=name)
     t = search_tables()
     n = len(xb)
     codes = (np.zeros(n, np.uint16), np.zeros((n, LANES), np.uint8), np.zeros((n, 32), np.uint8),
@@ -120,7 +114,7 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
 def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """Numpy twin of ``encode``: every lane of every super-block at once, the same float
     operations in the same order, the same decisions (slow only by numpy's overheads)."""
-    xb, qw, shape = _inputs(x, imatrix, name)
+    xb, qw, shape = block_inputs(x, imatrix, "IQ3_XXS", name=name)
     t = search_tables()
     n = len(xb)
     f32 = np.float32
@@ -337,6 +331,20 @@ def _sums(wy4, w4, gf, bi, sbm, snm):
 
 
 @_jit
+def _step(d32, s):
+    """The decoder's step of scale ``s`` at float32 ``d32``: fp32(fp32(d (0.5 + s)) * 0.5)."""
+    return (d32 * np.float32(0.5 + s)) * np.float32(0.5)
+
+
+@_jit
+def _step_error(d32, s, sb, sn):
+    """``t (t N - 2 B)`` at that step ``t`` (float64): the error, less sum w y^2, of points with
+    sums ``sb`` = B and ``sn`` = N."""
+    t = float(_step(d32, s))
+    return t * (t * sn - 2.0 * sb)
+
+
+@_jit
 def _pick_scales(dn, tstar, sbm, snm, sel):
     """Each sub-block's scale at fp16 ``dn``: the better of the two around ``t* / (dn / 2) - 0.5``
     by ``t (t N - 2 B)`` with the points behind ``sbm`` / ``snm``; returns the sum of those errors."""
@@ -347,8 +355,7 @@ def _pick_scales(dn, tstar, sbm, snm, sel):
         s0 = int(math.floor(sc)) if sc > 0.0 else 0
         be = np.inf
         for s in range(s0, s0 + 2):
-            t = float((d32 * np.float32(0.5 + s)) * np.float32(0.5))
-            e = t * (t * snm[m] - 2.0 * sbm[m])
+            e = _step_error(d32, s, sbm[m], snm[m])
             if e < be:
                 be = e
                 sel[m] = s
@@ -359,15 +366,14 @@ def _pick_scales(dn, tstar, sbm, snm, sel):
 @_jit
 def _steps(d32, sel, tl):
     for k in range(LANES):
-        tl[k] = (d32 * np.float32(0.5 + sel[k // 8])) * np.float32(0.5)
+        tl[k] = _step(d32, sel[k // 8])
 
 
 @_jit
 def _true_error(d32, sel, sbm, snm):
     e = 0.0
     for m in range(8):
-        t = float((d32 * np.float32(0.5 + sel[m])) * np.float32(0.5))
-        e += t * (t * snm[m] - 2.0 * sbm[m])
+        e += _step_error(d32, sel[m], sbm[m], snm[m])
     return e
 
 

@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, check_imatrix, check_rows, round_f16
+from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, block_inputs, check_imatrix, round_f16
 
 __all__ = ["D_MULT", "FINAL_LLOYD", "LLOYD", "LS_STEPS", "M_MULT", "R_CAND", "check_imatrix", "encode", "encode_reference"]
 
@@ -68,9 +68,7 @@ F1 = np.float32(1.0)
 
 # ------------------------------------------------------------------ checks
 def _prepare(x, imatrix, name):
-    x2, shape = check_rows(x, "Q2_K", name=name)
-    qw = check_imatrix(imatrix, x2.shape[1], name=name)
-    return x2, shape, qw
+    return block_inputs(x, imatrix, "Q2_K", name=name)
 
 
 # --------------------------------------------------------------- reference
@@ -80,12 +78,10 @@ def _prepare(x, imatrix, name):
 # -0 and +0 is unspecified), exactly as the kernel writes it.
 def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """Numpy twin of ``encode`` (same decisions, same float operations)."""
-    x2, shape, qw = _prepare(x, imatrix, name)
-    n, k = x2.shape
-    xb = x2.reshape(-1, QK)
-    qb = np.broadcast_to(qw.reshape(-1, QK)[None], (n, k // QK, QK)).reshape(-1, QK)
+    xb, qw, shape = _prepare(x, imatrix, name)
+    qb = np.broadcast_to(qw[None], (math.prod(shape[:-1]),) + qw.shape).reshape(-1, QK)
     out = _ref_blocks(xb, qb) if len(xb) else np.zeros((0, BLOCK_BYTES), np.uint8)
-    return out.reshape(shape[:-1] + (k // QK * BLOCK_BYTES,))
+    return as_rows(out, shape)
 
 
 def _seq(t: np.ndarray) -> np.ndarray:
@@ -768,8 +764,7 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """float32 ``[..., K]`` (K a multiple of 256, finite) -> Q2_K bytes U8 ``[..., K/256*84]`` (numba, one thread).
 
     ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``check_imatrix``)."""
-    x2, shape, qw = _prepare(x, imatrix, name)
-    xb = x2.reshape(-1, QK)
+    xb, qw, shape = _prepare(x, imatrix, name)
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
-    _encode_kernel(xb, qw.reshape(-1, QK), R_CAND, D_MULT, M_MULT, out)
-    return out.reshape(shape[:-1] + (x2.shape[1] // QK * BLOCK_BYTES,))
+    _encode_kernel(xb, qw, R_CAND, D_MULT, M_MULT, out)
+    return as_rows(out, shape)

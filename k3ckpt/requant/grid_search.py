@@ -198,9 +198,8 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
         score = (_half(ps, 0) + _half(ps, 4)) - pen
         arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
                         for c in range(ncls)], axis=1)               # [32, C], first maximum
-        egy = np.zeros((32, ncls), np.float32)
-        for j in range(8):
-            egy = egy + w[:, j][:, None] * t.gsq[v][j][arg]
+        wg2 = w[:, :, None] * t.gsq[v][None, :, :]                    # [32, 8, P]: w g^2
+        egy = np.take_along_axis(_half(wg2, 0) + _half(wg2, 4), arg, axis=1)
         return arg, np.take_along_axis(bvals, arg, axis=1).astype(np.float64), egy.astype(np.float64), prod
 
     found = [classes(v) for v in range(nv)]
@@ -398,29 +397,60 @@ def _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods,
 
 
 @_jit
-def _class_values(acc, at, wl, hpf, gt, gsq, bd, nn):
+def _pattern_sums(src, p2, p3, h4, slot):
+    """Per half h and pattern u (``half_sums``' order: u = d0 + 3 d1 + 9 d2 + 27 d3),
+    ``h4[h, u, slot, k]`` = ((s0 + s1) + s2) + s3 of ``src[4 h + j, d_j, k]`` (element j at
+    level d_j, lane k), built up element by element as ``half_sums`` builds its sums."""
+    nl = src.shape[2]
+    for h in range(2):
+        j = 4 * h
+        for d1 in range(3):
+            for d0 in range(3):
+                r = d0 + 3 * d1
+                for k in range(nl):
+                    p2[r, k] = src[j, d0, k] + src[j + 1, d1, k]
+        for d2 in range(3):
+            for r in range(9):
+                for k in range(nl):
+                    p3[r + 9 * d2, k] = p2[r, k] + src[j + 2, d2, k]
+        for d3 in range(3):
+            for r in range(27):
+                u = r + 27 * d3
+                for k in range(nl):
+                    h4[h, u, slot, k] = p3[r, k] + src[j + 3, d3, k]
+
+
+@_jit
+def _class_values(acc, prodm, wl, lsq, parity, ou, ow, hh, wq, p2, p3, hv, bd, nn):
     """For each class's chosen point (``acc[c, L + k]``): its B (float32 as the reference's
-    ``bvals``) and its energy sum w g^2, as float64 into ``bd`` / ``nn`` [C, L]."""
-    nl = at.shape[1]
-    f0 = np.float32(0.0)
+    ``bvals``: the two halves' sums of ``prodm`` = w a g, less the forced flip's cost, the
+    smaller of ``hh``'s two half minima) and its energy N = sum w g^2 (float32, each half's
+    sum then the two added), as float64 into ``bd`` / ``nn`` [C, L].  The halves' sums of
+    all 81 patterns come first (``_pattern_sums`` into ``hv``, laid out as ``hh``), so a point
+    costs four loads, not sixteen products.  Without the parity rule no flip is forced and
+    the cost is skipped: it is a zero there, and subtracting a zero changes no decision."""
+    nl = prodm.shape[2]
+    for j in range(8):
+        for v in range(3):
+            for k in range(nl):
+                wq[j, v, k] = wl[j, k] * lsq[v]
+    h4 = hv.reshape((2, 81, 2, nl))
+    _pattern_sums(prodm, p2, p3, h4, 0)
+    _pattern_sums(wq, p2, p3, h4, 1)
+    unl = np.uint64(nl)
     for c in range(bd.shape[0]):
         for k in range(nl):
             i = np.int64(acc[c, nl + k])
-            g0 = at[0, k] * gt[0, i]
-            g1 = at[1, k] * gt[1, i]
-            g2 = at[2, k] * gt[2, i]
-            g3 = at[3, k] * gt[3, i]
-            g4 = at[4, k] * gt[4, i]
-            g5 = at[5, k] * gt[5, i]
-            g6 = at[6, k] * gt[6, i]
-            g7 = at[7, k] * gt[7, i]
-            mn = min(min(min(g0, g1), min(g2, g3)), min(min(g4, g5), min(g6, g7)))
-            b = ((((g0 + g1) + g2) + g3) + (((g4 + g5) + g6) + g7)) - hpf[k] * mn
-            e = f0
-            for j in range(8):
-                e += wl[j, k] * gsq[j, i]
+            uk = np.uint64(k)
+            o1 = ou[i]
+            o2 = ow[i]
+            b = hv[o1 + uk] + hv[o2 + uk]
+            if parity:
+                m = hh[o1 + unl + uk]
+                mm = hh[o2 + unl + uk]
+                b = b - (m if m < mm else mm)
             bd[c, k] = b
-            nn[c, k] = e
+            nn[c, k] = hv[o1 + unl + uk] + hv[o2 + unl + uk]
 
 
 @_jit
@@ -504,6 +534,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     p3 = np.empty((27, nl), np.float32)
     m3 = np.empty((27, nl), np.float32)
     hh = np.empty(162 * 2 * nl, np.float32)
+    halves = np.empty(162 * 2 * nl, np.float32)    # the points' halves' B and N sums
+    wq = np.empty((8, 3, nl), np.float32)
     acc = np.empty((nv, ncls, 2 * nl), np.float32)
     bd = np.empty((nv, ncls, nl))         # class-major: the class searches run over the lanes
     nn = np.empty((nv, ncls, nl))
@@ -603,7 +635,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
         for v in range(nv):
             _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
                           acc[v])
-            _class_values(acc[v], at, wl, hpf, gt[v], gsq[v], bd[v], nn[v])
+            _class_values(acc[v], prod, wl, lsq[v], parity, ou, ow, hh, wq, p2, p3, halves, bd[v], nn[v])
         if group_shift:
             for v in range(nv):
                 for c in range(ncls):

@@ -346,23 +346,9 @@ def _seq32(v: np.ndarray) -> np.float32:
 # S = S' * SB_CHUNK, so a sub-block's G groups are lanes m, S + m, ... and the class maxima
 # run over all lanes.
 @_jit
-def _min_err(bd, nn, k, tt):
-    """Least class error t (t N - 2 B) of lane ``k`` at step ``tt`` and its first class
-    (``bd`` / ``nn`` [C, L]: class-major)."""
-    be = np.inf
-    bc = 0
-    for c in range(bd.shape[0]):
-        v = tt * (tt * nn[c, k] - 2.0 * bd[c, k])
-        if v < be:
-            be = v
-            bc = c
-    return be, bc
-
-
-@_jit
 def _lane_min(bd, nn, tl, emin, cmin):
-    """``_min_err`` of every lane k at its own step ``tl[k]``: ``emin[k]`` and ``cmin[k]`` (the same
-    operations, classes outer and lanes inner, so it vectorises)."""
+    """Every lane k's least class error t (t N - 2 B) at its own step ``tl[k]`` and its first class:
+    ``emin[k]`` and ``cmin[k]`` (``bd`` / ``nn`` [C, L]: class-major, so the lanes vectorise)."""
     nl = tl.shape[0]
     for k in range(nl):
         emin[k] = np.inf
@@ -374,6 +360,19 @@ def _lane_min(bd, nn, tl, emin, cmin):
             take = v < emin[k]
             emin[k] = v if take else emin[k]
             cmin[k] = c if take else cmin[k]
+
+
+@_jit
+def _chosen_classes(bd, nn, best_dn, s_sel, unit, nsub, ns, tl, emin, cmin):
+    """Per shift v, every lane's least class error and its first class (``emin[v]``, ``cmin[v]``)
+    at its sub-block's chosen step ``best_dn * unit * (0.5 + s_sel)`` (1.0 where the super-block
+    has no ``d``: its lanes are not read)."""
+    for k in range(tl.shape[0]):
+        m = k % ns
+        dn = best_dn[m // nsub]
+        tl[k] = dn * unit * (0.5 + s_sel[m]) if dn != 0.0 else 1.0
+    for v in range(bd.shape[0]):
+        _lane_min(bd[v], nn[v], tl, emin[v], cmin[v])
 
 
 @_jit
@@ -689,12 +688,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
         for b in range(nsb):
             lsact[b] = best_dn[b] != 0.0
         for _ in range(LS_STEPS):
-            for v in range(nvs):                  # each group's best class at its sub-block's chosen step
-                for k in range(nl):
-                    m = k % ns
-                    b = m // nsub
-                    tl[k] = best_dn[b] * unit * (0.5 + s_sel[m]) if best_dn[b] != 0.0 else 1.0
-                _lane_min(bdc[v], nnc[v], tl, em[v], cmv[v])
+            _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, ns, tl, em, cmv)
             some = False
             for b in range(nsb):
                 dnb[b] = 0.0
@@ -735,7 +729,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 for m in range(nsub * b, nsub * b + nsub):
                     s_sel[m] = s_try[m]
                     v_sel[m] = v_try[m]
-        # 4. codes
+        # 4. codes: each group's class at its sub-block's chosen step and shift
+        _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, ns, tl, em, cmv)
         for b in range(nsb):
             blk = b0 + b
             if blk >= nblk or best_dn[b] == 0.0:
@@ -747,10 +742,9 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 out_sc[blk, ib] = s_sel[m]
                 if not group_shift:
                     out_dv[blk, ib] = vm
-                tt = best_dn[b] * unit * (0.5 + s_sel[m])
                 for h in range(gc):
                     k = h * ns + m
-                    _, bc = _min_err(bdc[vm], nnc[vm], k, tt)
+                    bc = cmv[vm, k]
                     pvi = vm
                     if group_shift:
                         pvi = bc // ncls

@@ -48,6 +48,10 @@ so ``encode(-x)`` decodes to exactly ``-decode(encode(x))``.  Inputs are scaled 
 super-block by a power of two (exact); super-blocks with ``max|x| < 2^-24``
 encode as zeros and ``d`` is clamped to 65504.
 
+A class's B and N are float32 sums, and its error ``t (t N - 2 B)`` is taken in float32 too
+(``t`` rounded to float32): twice the SIMD lanes of float64 in the passes of steps 2-4; the
+sums over classes and sub-blocks (least-squares steps, totals) are float64.
+
 ``search`` (numba) and ``search_reference`` (numpy, the same float operations in
 the same order, ties broken the same way) return identical codes.
 """
@@ -210,8 +214,9 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
         barg, bd, nn = ([np.concatenate(a, axis=1)] for a in (barg, bd, nn))
         nv = 1
 
-    def errors(v, k, tt):           # [C]: each class's error (minus sum w a^2) for group k at step tt
-        return tt * (tt * nn[v][k] - 2.0 * bd[v][k])
+    def errors(v, k, tt):           # [C]: each class's error (minus sum w a^2) for group k at step tt, float32
+        t32 = np.float32(tt)
+        return t32 * (t32 * nn[v][k].astype(np.float32) - np.float32(2.0) * bd[v][k].astype(np.float32))
 
     def best_class(v, k, tt):
         return int(np.argmin(errors(v, k, tt)))
@@ -356,7 +361,7 @@ def _lane_min(bd, nn, tl, emin, cmin):
     for c in range(bd.shape[0]):
         for k in range(nl):
             tt = tl[k]
-            v = tt * (tt * nn[c, k] - 2.0 * bd[c, k])
+            v = tt * (tt * nn[c, k] - np.float32(2.0) * bd[c, k])
             take = v < emin[k]
             emin[k] = v if take else emin[k]
             cmin[k] = c if take else cmin[k]
@@ -453,22 +458,22 @@ def _class_values(acc, prodm, wl, lsq, parity, ou, ow, hh, wq, p2, p3, hv, bd, n
 
 
 @_jit
-def _free_steps(bd, nn, gc, ns, tstar, tl, emin, cmin):
+def _free_steps(bd, nn, gc, ns, tstar, tl, gain, emin, cmin):
     """Per sub-block lane m the free step by alternation (as the reference's ``free_step``): each
     group's class of largest gain B^2 / N, the least-squares step of those classes, then ``ALT``
     rounds of the best classes at that step and their least-squares step.  The class searches run
-    over all lanes at once (``tl``, ``emin``, ``cmin``: scratch [L])."""
+    over all lanes at once (``tl``, ``gain`` float64, ``emin``, ``cmin``: scratch [L])."""
     nl = tl.shape[0]
     for k in range(nl):
-        emin[k] = -1.0
+        gain[k] = -1.0
         cmin[k] = 0
     for c in range(bd.shape[0]):
         for k in range(nl):
-            b = bd[c, k]
-            n = nn[c, k]
+            b = np.float64(bd[c, k])
+            n = np.float64(nn[c, k])
             gv = b * b / n if n > 0.0 and b > 0.0 else 0.0
-            take = gv > emin[k]
-            emin[k] = gv if take else emin[k]
+            take = gv > gain[k]
+            gain[k] = gv if take else gain[k]
             cmin[k] = c if take else cmin[k]
     for r in range(ALT + 1):
         for m in range(ns):
@@ -536,18 +541,19 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     halves = np.empty(162 * 2 * nl, np.float32)    # the points' halves' B and N sums
     wq = np.empty((8, 3, nl), np.float32)
     acc = np.empty((nv, ncls, 2 * nl), np.float32)
-    bd = np.empty((nv, ncls, nl))         # class-major: the class searches run over the lanes
-    nn = np.empty((nv, ncls, nl))
+    bd = np.empty((nv, ncls, nl), np.float32)     # class-major: the class searches run over the lanes
+    nn = np.empty((nv, ncls, nl), np.float32)
     nvs = 1 if group_shift else nv        # shift choices per sub-block
     ncs = nv * ncls if group_shift else ncls
-    bdg = np.empty((nvs if group_shift else 0, ncs, nl))    # with a shift per group: the shifts' classes side by side
-    nng = np.empty((nvs if group_shift else 0, ncs, nl))
+    bdg = np.empty((nvs if group_shift else 0, ncs, nl), np.float32)    # a shift per group: the shifts' classes side by side
+    nng = np.empty((nvs if group_shift else 0, ncs, nl), np.float32)
     tsv = np.zeros((nvs, ns))
-    tl = np.empty(nl)
-    cmin = np.empty(nl, np.int64)
-    em = np.empty((nvs, nl))
-    em1 = np.empty((nvs, nl))
-    cmv = np.empty((nvs, nl), np.int64)
+    tl = np.empty(nl, np.float32)         # each lane's step, float32 as its class errors
+    gain = np.empty(nl)
+    cmin = np.empty(nl, np.int32)
+    em = np.empty((nvs, nl), np.float32)
+    em1 = np.empty((nvs, nl), np.float32)
+    cmv = np.empty((nvs, nl), np.int32)
     s_lo = np.empty(ns, np.int64)
     t0m = np.empty(ns)
     t1m = np.empty(ns)
@@ -644,7 +650,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
         bdc = bdg if group_shift else bd      # what steps 2-4 choose from: [nvs, classes, lanes]
         nnc = nng if group_shift else nn
         for v in range(nvs):
-            _free_steps(bdc[v], nnc[v], gc, ns, tsv[v], tl, em[v], cmin)
+            _free_steps(bdc[v], nnc[v], gc, ns, tsv[v], tl, gain, em[v], cmin)
         if nvs > 1:
             for v in range(nvs):
                 for k in range(nl):

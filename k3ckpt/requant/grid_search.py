@@ -368,14 +368,25 @@ def _lane_min(bd, nn, tl, emin, cmin):
 
 
 @_jit
-def _chosen_classes(bd, nn, best_dn, s_sel, unit, nsub, ns, tl, emin, cmin):
+def _spread(per_sub, tl):
+    """``tl[k] = per_sub[k % S]`` (S = ``per_sub``'s length): lane k = h S + m is group h of
+    sub-block lane m; written as whole rows, without a division per lane."""
+    ns = per_sub.shape[0]
+    for k0 in range(0, tl.shape[0], ns):
+        for m in range(ns):
+            tl[k0 + m] = per_sub[m]
+
+
+@_jit
+def _chosen_classes(bd, nn, best_dn, s_sel, unit, nsub, tm, tl, emin, cmin):
     """Per shift v, every lane's least class error and its first class (``emin[v]``, ``cmin[v]``)
     at its sub-block's chosen step ``best_dn * unit * (0.5 + s_sel)`` (1.0 where the super-block
-    has no ``d``: its lanes are not read)."""
-    for k in range(tl.shape[0]):
-        m = k % ns
-        dn = best_dn[m // nsub]
-        tl[k] = dn * unit * (0.5 + s_sel[m]) if dn != 0.0 else 1.0
+    has no ``d``: its lanes are not read); ``tm`` [S] scratch for the sub-blocks' steps."""
+    for b in range(best_dn.shape[0]):
+        dn = best_dn[b]
+        for m in range(nsub * b, nsub * b + nsub):
+            tm[m] = dn * unit * (0.5 + s_sel[m]) if dn != 0.0 else 1.0
+    _spread(tm, tl)
     for v in range(bd.shape[0]):
         _lane_min(bd[v], nn[v], tl, emin[v], cmin[v])
 
@@ -485,8 +496,7 @@ def _free_steps(bd, nn, gc, ns, tstar, tl, gain, emin, cmin):
                 den += nn[cmin[k], k]
             tstar[m] = num / den if den > 0.0 else 0.0
         if r < ALT:
-            for k in range(nl):
-                tl[k] = tstar[k % ns]
+            _spread(tstar, tl)
             _lane_min(bd, nn, tl, emin, cmin)
 
 
@@ -653,8 +663,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
             _free_steps(bdc[v], nnc[v], gc, ns, tsv[v], tl, gain, em[v], cmin)
         if nvs > 1:
             for v in range(nvs):
-                for k in range(nl):
-                    tl[k] = tsv[v, k % ns]
+                _spread(tsv[v], tl)
                 _lane_min(bdc[v], nnc[v], tl, em[v], cmin)
         for m in range(ns):
             vb = 0
@@ -694,7 +703,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
         for b in range(nsb):
             lsact[b] = best_dn[b] != 0.0
         for _ in range(LS_STEPS):
-            _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, ns, tl, em, cmv)
+            _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, t0m, tl, em, cmv)
             some = False
             for b in range(nsb):
                 dnb[b] = 0.0
@@ -736,7 +745,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                     s_sel[m] = s_try[m]
                     v_sel[m] = v_try[m]
         # 4. codes: each group's class at its sub-block's chosen step and shift
-        _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, ns, tl, em, cmv)
+        _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, t0m, tl, em, cmv)
         for b in range(nsb):
             blk = b0 + b
             if blk >= nblk or best_dn[b] == 0.0:
@@ -779,20 +788,20 @@ def _eval_blocks(dnb, tstar, bd, nn, gc, ns, unit, smax, tl, e0, e1, cmin, s_lo,
     nl = tl.shape[0]
     nsub = 32 // gc
     top = smax - 1.0
-    for m in range(ns):
-        dn = dnb[m // nsub]
+    for b in range(dnb.shape[0]):
+        dn = dnb[b]
         u = (dn if dn != 0.0 else 1.0) * unit
-        sc = min(tstar[m] / u - 0.5, top)
-        s0 = int(math.floor(sc)) if sc > 0.0 else 0
-        s_lo[m] = s0
-        t0m[m] = u * (0.5 + s0)
-        t1m[m] = u * (0.5 + (s0 + 1))
+        for m in range(nsub * b, nsub * b + nsub):
+            sc = min(tstar[m] / u - 0.5, top)
+            s0 = int(math.floor(sc)) if sc > 0.0 else 0
+            s_lo[m] = s0
+            t0m[m] = u * (0.5 + s0)
+            t1m[m] = u * (0.5 + (s0 + 1))
+    _spread(t0m, tl)
     for v in range(bd.shape[0]):
-        for k in range(nl):
-            tl[k] = t0m[k % ns]
         _lane_min(bd[v], nn[v], tl, e0[v], cmin)
-        for k in range(nl):
-            tl[k] = t1m[k % ns]
+    _spread(t1m, tl)
+    for v in range(bd.shape[0]):
         _lane_min(bd[v], nn[v], tl, e1[v], cmin)
     for b in range(dnb.shape[0]):
         if dnb[b] == 0.0:

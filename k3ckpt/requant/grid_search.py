@@ -614,28 +614,30 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 for j in range(256):
                     ws[b, j] = np.float32(1.0)
             sigma2 = s2 / np.float32(QK)
-            for g in range(32):
-                k = (g % gc) * ns + nsub * b + g // gc
-                bits = 0
-                par = 0
-                swa = f0
-                sw = f0
-                for j in range(8):
-                    v = xs[b, 8 * g + j]
-                    av = v if signed else abs(v)
-                    wv = ws[b, 8 * g + j] * np.sqrt(sigma2 + v * v)
-                    wl[j, k] = wv
-                    pv = wv * av
-                    at[j, k] = pv
-                    swa += pv * av
-                    sw += wv
-                    ng = np.int64(sbits[blk, 8 * g + j] >> 31) if live[b] else np.int64(0)
-                    bits |= ng << j
-                    par += ng
-                sgn[k] = bits
-                hpf[k] = 2.0 if parity and par & 1 else 0.0
-                gwa[k] = swa
-                gws[k] = sw
+            for ib in range(nsub):
+                for h in range(gc):
+                    g = gc * ib + h
+                    k = h * ns + nsub * b + ib
+                    bits = 0
+                    par = 0
+                    swa = f0
+                    sw = f0
+                    for j in range(8):
+                        v = xs[b, 8 * g + j]
+                        av = v if signed else abs(v)
+                        wv = ws[b, 8 * g + j] * np.sqrt(sigma2 + v * v)
+                        wl[j, k] = wv
+                        pv = wv * av
+                        at[j, k] = pv
+                        swa += pv * av
+                        sw += wv
+                        ng = np.int64(sbits[blk, 8 * g + j] >> 31) if live[b] else np.int64(0)
+                        bits |= ng << j
+                        par += ng
+                    sgn[k] = bits
+                    hpf[k] = 2.0 if parity and par & 1 else 0.0
+                    gwa[k] = swa
+                    gws[k] = sw
         # 1. class points scored at each sub-block's expected step, per shift; 2. free steps by
         #    alternation, per shift, and the shift whose step errs least
         for m in range(ns):

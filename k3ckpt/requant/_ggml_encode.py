@@ -18,8 +18,9 @@ import numpy as np
 from .._numba import njit
 from ..errors import NaNScaleError, ShapeError, UsageError
 
-__all__ = ["QK", "TINY", "as_rows", "best_d", "block_inputs", "check_imatrix", "check_rows", "class_argmax", "class_argmax_plain", "f16_bits",
-           "grid_classes", "half_offsets", "half_sums", "round_f16"]
+__all__ = ["QK", "TINY", "as_rows", "best_d", "block_inputs", "check_imatrix", "check_rows", "class_argmax",
+           "class_argmax_plain", "f16_bits", "grid_classes", "half_offsets", "half_sums", "pattern_mins", "pattern_sums",
+           "round_f16"]
 
 QK = 256                     # weights per super-block
 F16_MAX = 65504.0
@@ -179,41 +180,67 @@ def half_offsets(lo, hi, nl, ou, ow):
 
 
 @_jit
-def half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh):
-    """Per half h and pattern u, ``hh`` (flat [2, 81, 2, L]) gets ``hs`` = ((p0 + p1) + p2) + p3
-    of ``prods`` then ``hq`` = hpf * min p_j of ``prodm`` (``prod*[j, v, k]``: element j at level
-    v for lane k; times 2 or 0 is exact, so the smaller hq of the two halves is hpf * the least
-    of all 8).  Built up element by element, one store per loop: few alias checks, so it vectorises."""
-    nl = hpf.shape[0]
-    h4 = hh.reshape((2, 81, 2, nl))                # multi-dimensional indexing in the build loops
+def pattern_sums(src, p2, p3, h4, slot):
+    """Per half h and pattern u = d0 + 3 d1 + 9 d2 + 27 d3, ``h4[h, u, slot, k]`` =
+    ((s0 + s1) + s2) + s3 of ``src[4 h + j, d_j, k]`` (element j at level d_j, lane k).  Built
+    up element by element (``p2`` [9, L], ``p3`` [27, L] scratch), one store per loop: few alias
+    checks, so it vectorises."""
+    nl = src.shape[2]
     for h in range(2):
         j = 4 * h
         for d1 in range(3):
             for d0 in range(3):
                 r = d0 + 3 * d1
                 for k in range(nl):
-                    p2[r, k] = prods[j, d0, k] + prods[j + 1, d1, k]
+                    p2[r, k] = src[j, d0, k] + src[j + 1, d1, k]
+        for d2 in range(3):
+            for r in range(9):
                 for k in range(nl):
-                    q0 = prodm[j, d0, k]
-                    q1 = prodm[j + 1, d1, k]
+                    p3[r + 9 * d2, k] = p2[r, k] + src[j + 2, d2, k]
+        for d3 in range(3):
+            for r in range(27):
+                u = r + 27 * d3
+                for k in range(nl):
+                    h4[h, u, slot, k] = p3[r, k] + src[j + 3, d3, k]
+
+
+@_jit
+def pattern_mins(src, hpf, m2, m3, h4, slot):
+    """``pattern_sums`` with the least element instead of the sum, times ``hpf[k]``."""
+    nl = src.shape[2]
+    for h in range(2):
+        j = 4 * h
+        for d1 in range(3):
+            for d0 in range(3):
+                r = d0 + 3 * d1
+                for k in range(nl):
+                    q0 = src[j, d0, k]
+                    q1 = src[j + 1, d1, k]
                     m2[r, k] = q0 if q0 < q1 else q1
         for d2 in range(3):
             for r in range(9):
                 for k in range(nl):
-                    p3[r + 9 * d2, k] = p2[r, k] + prods[j + 2, d2, k]
-                for k in range(nl):
-                    q = prodm[j + 2, d2, k]
+                    q = src[j + 2, d2, k]
                     mq = m2[r, k]
                     m3[r + 9 * d2, k] = mq if mq < q else q
         for d3 in range(3):
             for r in range(27):
                 u = r + 27 * d3
                 for k in range(nl):
-                    h4[h, u, 0, k] = p3[r, k] + prods[j + 3, d3, k]
-                for k in range(nl):
-                    q = prodm[j + 3, d3, k]
+                    q = src[j + 3, d3, k]
                     mq = m3[r, k]
-                    h4[h, u, 1, k] = hpf[k] * (mq if mq < q else q)
+                    h4[h, u, slot, k] = hpf[k] * (mq if mq < q else q)
+
+
+@_jit
+def half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh):
+    """Per half h and pattern u, ``hh`` (flat [2, 81, 2, L]) gets ``hs`` = ((p0 + p1) + p2) + p3
+    of ``prods`` (``pattern_sums``) then ``hq`` = hpf * min p_j of ``prodm`` (``pattern_mins``;
+    ``prod*[j, v, k]``: element j at level v for lane k; times 2 or 0 is exact, so the smaller hq
+    of the two halves is hpf * the least of all 8)."""
+    h4 = hh.reshape((2, 81, 2, hpf.shape[0]))     # multi-dimensional indexing in the build loops
+    pattern_sums(prods, p2, p3, h4, 0)
+    pattern_mins(prodm, hpf, m2, m3, h4, 1)
 
 
 @_jit

@@ -64,8 +64,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, block_inputs,
-                           class_argmax, class_argmax_plain, freeze, grid_classes, half_offsets, half_sums, round_f16)
+from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, block_inputs, class_argmax,
+                           class_argmax_plain, freeze, grid_classes, half_offsets, half_sums, pattern_sums,
+                           round_f16)
 
 __all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_reference", "search_tables"]
 
@@ -404,35 +405,12 @@ def _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods,
                 pm = at[j, k] * lev[v]
                 prodm[j, v, k] = pm
                 prods[j, v, k] = pm - (htau[k] * wl[j, k]) * lsq[v]
-    half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh)
     if parity:                                                       # scores may be negative
+        half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh)
         class_argmax(hh, ou, ow, cls_start, np.float32(-np.inf), acc)
-    else:
+    else:                                                            # no flip: no minima to build
+        pattern_sums(prods, p2, p3, hh.reshape((2, 81, 2, nl)), 0)
         class_argmax_plain(hh, ou, ow, cls_start, np.float32(-np.inf), acc)
-
-
-@_jit
-def _pattern_sums(src, p2, p3, h4, slot):
-    """Per half h and pattern u (``half_sums``' order: u = d0 + 3 d1 + 9 d2 + 27 d3),
-    ``h4[h, u, slot, k]`` = ((s0 + s1) + s2) + s3 of ``src[4 h + j, d_j, k]`` (element j at
-    level d_j, lane k), built up element by element as ``half_sums`` builds its sums."""
-    nl = src.shape[2]
-    for h in range(2):
-        j = 4 * h
-        for d1 in range(3):
-            for d0 in range(3):
-                r = d0 + 3 * d1
-                for k in range(nl):
-                    p2[r, k] = src[j, d0, k] + src[j + 1, d1, k]
-        for d2 in range(3):
-            for r in range(9):
-                for k in range(nl):
-                    p3[r + 9 * d2, k] = p2[r, k] + src[j + 2, d2, k]
-        for d3 in range(3):
-            for r in range(27):
-                u = r + 27 * d3
-                for k in range(nl):
-                    h4[h, u, slot, k] = p3[r, k] + src[j + 3, d3, k]
 
 
 @_jit
@@ -441,7 +419,7 @@ def _class_values(acc, prodm, wl, lsq, parity, ou, ow, hh, wq, p2, p3, hv, bd, n
     ``bvals``: the two halves' sums of ``prodm`` = w a g, less the forced flip's cost, the
     smaller of ``hh``'s two half minima) and its energy N = sum w g^2 (float32, each half's
     sum then the two added), as float64 into ``bd`` / ``nn`` [C, L].  The halves' sums of
-    all 81 patterns come first (``_pattern_sums`` into ``hv``, laid out as ``hh``), so a point
+    all 81 patterns come first (``_ggml_encode.pattern_sums`` into ``hv``, laid out as ``hh``), so a point
     costs four loads, not sixteen products.  Without the parity rule no flip is forced and
     the cost is skipped: it is a zero there, and subtracting a zero changes no decision."""
     nl = prodm.shape[2]
@@ -450,8 +428,8 @@ def _class_values(acc, prodm, wl, lsq, parity, ou, ow, hh, wq, p2, p3, hv, bd, n
             for k in range(nl):
                 wq[j, v, k] = wl[j, k] * lsq[v]
     h4 = hv.reshape((2, 81, 2, nl))
-    _pattern_sums(prodm, p2, p3, h4, 0)
-    _pattern_sums(wq, p2, p3, h4, 1)
+    pattern_sums(prodm, p2, p3, h4, 0)
+    pattern_sums(wq, p2, p3, h4, 1)
     unl = np.uint64(nl)
     for c in range(bd.shape[0]):
         for k in range(nl):
@@ -555,7 +533,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     nn = np.empty((nv, ncls, nl), np.float32)
     nvs = 1 if group_shift else nv        # shift choices per sub-block
     ncs = nv * ncls if group_shift else ncls
-    bdg = np.empty((nvs if group_shift else 0, ncs, nl), np.float32)    # a shift per group: the shifts' classes side by side
+    # with a shift per group, the shifts' classes side by side
+    bdg = np.empty((nvs if group_shift else 0, ncs, nl), np.float32)
     nng = np.empty((nvs if group_shift else 0, ncs, nl), np.float32)
     tsv = np.zeros((nvs, ns))
     tl = np.empty(nl, np.float32)         # each lane's step, float32 as its class errors

@@ -479,12 +479,15 @@ def _free_steps(bd, nn, gc, ns, tstar, tl, gain, emin, cmin):
 
 
 @_jit
-def _sub_err(emin, gc, ns, m):
-    """Error of sub-block lane ``m`` from its groups' least class errors ``emin`` [L], in order."""
-    e = 0.0
-    for h in range(gc):
-        e += emin[h * ns + m]
-    return e
+def _sub_errs(emin, out):
+    """Per sub-block lane m, ``out[m]`` (float64) = the sum of its groups' least class errors
+    ``emin[h S + m]`` [L], groups in order (S = ``out``'s length); the sub-blocks run as lanes."""
+    ns = out.shape[0]
+    for m in range(ns):
+        out[m] = 0.0
+    for k0 in range(0, emin.shape[0], ns):
+        for m in range(ns):
+            out[m] += emin[k0 + m]
 
 
 @_jit
@@ -544,6 +547,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     em1 = np.empty((nvs, nl), np.float32)
     cmv = np.empty((nvs, nl), np.int32)
     s_lo = np.empty(ns, np.int64)
+    sub0 = np.empty((nvs, ns))             # per shift, the sub-blocks' errors (sums of their groups')
+    sub1 = np.empty((nvs, ns))
     t0m = np.empty(ns)
     t1m = np.empty(ns)
     d0b = np.zeros(nsb)
@@ -646,12 +651,13 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
             for v in range(nvs):
                 _spread(tsv[v], tl)
                 _lane_min(bdc[v], nnc[v], tl, em[v], cmin)
+                _sub_errs(em[v], sub0[v])
         for m in range(ns):
             vb = 0
             if nvs > 1:
                 be = np.inf
                 for v in range(nvs):
-                    e = _sub_err(em[v], gc, ns, m)
+                    e = sub0[v, m]
                     if e < be:
                         be = e
                         vb = v
@@ -672,7 +678,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 some = some or dnb[b] != 0.0
             if not some:
                 continue
-            _eval_blocks(dnb, tstar, bdc, nnc, gc, ns, unit, smax, tl, em, em1, cmin, s_lo, t0m, t1m, s_try, v_try,
+            _eval_blocks(dnb, tstar, bdc, nnc, gc, unit, smax, tl, em, em1, cmin, sub0, sub1, s_lo, t0m, t1m, s_try, v_try,
                          totals)
             for b in range(nsb):
                 if dnb[b] != 0.0 and totals[b] < best_total[b]:
@@ -712,7 +718,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 some = True
             if not some:
                 break
-            _eval_blocks(dnb, tstar, bdc, nnc, gc, ns, unit, smax, tl, em, em1, cmin, s_lo, t0m, t1m, s_try, v_try,
+            _eval_blocks(dnb, tstar, bdc, nnc, gc, unit, smax, tl, em, em1, cmin, sub0, sub1, s_lo, t0m, t1m, s_try, v_try,
                          totals)
             for b in range(nsb):
                 if dnb[b] == 0.0:
@@ -762,11 +768,11 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
 
 
 @_jit
-def _eval_blocks(dnb, tstar, bd, nn, gc, ns, unit, smax, tl, e0, e1, cmin, s_lo, t0m, t1m, s_out, v_out, totals):
+def _eval_blocks(dnb, tstar, bd, nn, gc, unit, smax, tl, e0, e1, cmin, sub0, sub1, s_lo, t0m, t1m, s_out, v_out, totals):
     """Total error of every super-block b of the chunk with ``dnb[b]`` != 0 at normalised d
     ``dnb[b]`` -> ``totals[b]``; per sub-block the better of the two scales around its t*, at its
-    best shift -> ``s_out`` / ``v_out``.  The class minima of both steps run over all lanes at once."""
-    nl = tl.shape[0]
+    best shift -> ``s_out`` / ``v_out``.  The class minima of both steps run over all lanes at once,
+    their sums per sub-block (``sub0`` / ``sub1`` [V, S]) over all sub-blocks."""
     nsub = 32 // gc
     top = smax - 1.0
     for b in range(dnb.shape[0]):
@@ -781,9 +787,11 @@ def _eval_blocks(dnb, tstar, bd, nn, gc, ns, unit, smax, tl, e0, e1, cmin, s_lo,
     _spread(t0m, tl)
     for v in range(bd.shape[0]):
         _lane_min(bd[v], nn[v], tl, e0[v], cmin)
+        _sub_errs(e0[v], sub0[v])
     _spread(t1m, tl)
     for v in range(bd.shape[0]):
         _lane_min(bd[v], nn[v], tl, e1[v], cmin)
+        _sub_errs(e1[v], sub1[v])
     for b in range(dnb.shape[0]):
         if dnb[b] == 0.0:
             continue
@@ -791,8 +799,8 @@ def _eval_blocks(dnb, tstar, bd, nn, gc, ns, unit, smax, tl, e0, e1, cmin, s_lo,
         for m in range(nsub * b, nsub * b + nsub):
             best = np.inf
             for v in range(bd.shape[0]):
-                a0 = _sub_err(e0[v], gc, ns, m)
-                a1 = _sub_err(e1[v], gc, ns, m)
+                a0 = sub0[v, m]
+                a1 = sub1[v, m]
                 cand = a1 if a1 < a0 else a0
                 if cand < best:
                     best = cand

@@ -19,8 +19,8 @@ from .._numba import njit
 from ..errors import NaNScaleError, ShapeError, UsageError
 
 __all__ = ["QK", "TINY", "as_rows", "best_d", "block_inputs", "check_imatrix", "check_rows", "class_argmax",
-           "class_argmax_plain", "f16_bits", "grid_classes", "half_offsets", "half_sums", "pattern_mins", "pattern_sums",
-           "round_f16"]
+           "class_argmax_plain", "f16_bits", "grid_classes", "half_offsets", "half_sums", "pattern_mins",
+           "pattern_sums", "round_f16"]
 
 QK = 256                     # weights per super-block
 F16_MAX = 65504.0

@@ -415,13 +415,13 @@ def _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods,
 
 @_jit
 def _class_values(acc, prodm, wl, lsq, parity, ou, ow, hh, wq, p2, p3, hv, bd, nn):
-    """For each class's chosen point (``acc[c, L + k]``): its B (float32 as the reference's
-    ``bvals``: the two halves' sums of ``prodm`` = w a g, less the forced flip's cost, the
-    smaller of ``hh``'s two half minima) and its energy N = sum w g^2 (float32, each half's
-    sum then the two added), as float64 into ``bd`` / ``nn`` [C, L].  The halves' sums of
-    all 81 patterns come first (``_ggml_encode.pattern_sums`` into ``hv``, laid out as ``hh``), so a point
-    costs four loads, not sixteen products.  Without the parity rule no flip is forced and
-    the cost is skipped: it is a zero there, and subtracting a zero changes no decision."""
+    """For each class's chosen point (``acc[c, L + k]``): its B (as the reference's ``bvals``:
+    the two halves' sums of ``prodm`` = w a g, less the forced flip's cost, the smaller of
+    ``hh``'s two half minima) and its energy N = sum w g^2 (each half's sum, then the two
+    added), float32, into ``bd`` / ``nn`` [C, L].  The halves' sums of all 81 patterns come
+    first (``_ggml_encode.pattern_sums`` into ``hv``, laid out as ``hh``), so a point costs four
+    loads, not sixteen products.  Without the parity rule no flip is forced and the cost is
+    skipped: it is a zero there, and subtracting a zero changes no decision."""
     nl = prodm.shape[2]
     for j in range(8):
         for v in range(3):
@@ -678,8 +678,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 some = some or dnb[b] != 0.0
             if not some:
                 continue
-            _eval_blocks(dnb, tstar, bdc, nnc, gc, unit, smax, tl, em, em1, cmin, sub0, sub1, s_lo, t0m, t1m, s_try, v_try,
-                         totals)
+            _eval_blocks(dnb, tstar, bdc, nnc, gc, unit, smax, tl, em, em1, cmin, sub0, sub1, s_lo, t0m, t1m,
+                         s_try, v_try, totals)
             for b in range(nsb):
                 if dnb[b] != 0.0 and totals[b] < best_total[b]:
                     best_total[b] = totals[b]
@@ -718,8 +718,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 some = True
             if not some:
                 break
-            _eval_blocks(dnb, tstar, bdc, nnc, gc, unit, smax, tl, em, em1, cmin, sub0, sub1, s_lo, t0m, t1m, s_try, v_try,
-                         totals)
+            _eval_blocks(dnb, tstar, bdc, nnc, gc, unit, smax, tl, em, em1, cmin, sub0, sub1, s_lo, t0m, t1m,
+                         s_try, v_try, totals)
             for b in range(nsb):
                 if dnb[b] == 0.0:
                     continue
@@ -768,7 +768,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
 
 
 @_jit
-def _eval_blocks(dnb, tstar, bd, nn, gc, unit, smax, tl, e0, e1, cmin, sub0, sub1, s_lo, t0m, t1m, s_out, v_out, totals):
+def _eval_blocks(dnb, tstar, bd, nn, gc, unit, smax, tl, e0, e1, cmin, sub0, sub1, s_lo, t0m, t1m, s_out, v_out,
+                 totals):
     """Total error of every super-block b of the chunk with ``dnb[b]`` != 0 at normalised d
     ``dnb[b]`` -> ``totals[b]``; per sub-block the better of the two scales around its t*, at its
     best shift -> ``s_out`` / ``v_out``.  The class minima of both steps run over all lanes at once,

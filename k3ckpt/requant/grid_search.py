@@ -491,10 +491,10 @@ def _sub_errs(emin, out):
 
 
 @_jit
-def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, unit, smax, gt, gsq, order, lev, lsq,
+def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, unit, smax, gt, order, lev, lsq,
                    lo, hi, cls_start, norm, d_mult, out_d, out_idx, out_sg, out_sc, out_dv):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
-    # importance (block i uses row i % nq); gt / gsq [V, 8, P] and lev / lsq [V, 3] per shift;
+    # importance (block i uses row i % nq); gt [V, 8, P] and lev / lsq [V, 3] per shift;
     # codes out (zero-filled, as ``Codes``).  ``group_shift``: each group picks (shift, class), so
     # the later steps see one "shift" whose classes are the shifts' classes side by side.
     nblk = xb.shape[0]
@@ -819,6 +819,6 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     xb, qw, shape = block_inputs(x, imatrix, g.label, name=name)
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
-                   np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.gsq, t.order, t.lev, t.lsq,
+                   np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.order, t.lev, t.lsq,
                    t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, c.d, c.index, c.signs, c.scales, c.delta)
     return c, shape

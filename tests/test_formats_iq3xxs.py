@@ -39,6 +39,9 @@ def test_each_cell_tries_its_nearest_grid_points_its_own_first():
     levels = np.asarray(enc.LEVELS)
     cand = t.cand.reshape(4096, enc.NEAREST) // 4
     assert np.array_equal(t.gf.reshape(256, 4), grid.astype(np.float32))
+    # the packed copy the kernel reads: candidate c's value j is byte j of its word
+    unpacked = (t.cpk.astype(np.int64)[:, None] >> (8 * np.arange(4))) & 255
+    assert np.array_equal(unpacked, grid[cand.reshape(-1)])
     rng = np.random.default_rng(4)
     for u in list(rng.integers(0, 4096, 200)) + [0, 4095]:
         cell = levels[[(u >> (3 * j)) & 7 for j in range(4)]]

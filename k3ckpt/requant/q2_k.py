@@ -570,34 +570,47 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
     dn = np.zeros(nsb, np.float32)
     mn = np.zeros(nsb, np.float32)
     for b0 in range(0, nblk, nsb):
-        # 0. scaled inputs and importance as lanes; padding and tiny blocks are zero lanes
+        # 0. scaled inputs and importance as lanes; padding and tiny blocks are zero lanes.  The
+        #    inputs go in unscaled, so each block's largest magnitude comes from the lanes' maxima
+        #    (vectorised) rather than a scalar pass over its 256 values.
         for bk in range(nsb):
             blk = b0 + bk
-            amax = np.float32(0.0)
-            if blk < nblk:
-                for i in range(256):
-                    v = abs(xb[blk, i])
-                    amax = v if v > amax else amax
+            inb = blk < nblk
+            qr = blk % nq if inb else 0
+            for j in range(16):
+                k = 16 * bk + j
+                for i in range(16):
+                    x[i, k] = xb[blk, 16 * j + i] if inb else F0
+                    w[i, k] = qb[qr, 16 * j + i]
+        for k in range(nl):
+            e[k] = F0
+        for i in range(16):
+            for k in range(nl):
+                v = abs(x[i, k])
+                e[k] = v if v > e[k] else e[k]
+        for bk in range(nsb):
+            amax = F0
+            for k in range(16 * bk, 16 * bk + 16):
+                amax = e[k] if e[k] > amax else amax
             live[bk] = amax >= TINY
-            f = np.float32(0.0)
+            f = F0
             unscale[bk] = 1.0
             if live[bk]:
                 _, ex = math.frexp(amax)
                 f = np.float32(math.ldexp(1.0, -ex))
                 unscale[bk] = math.ldexp(1.0, ex)
-            qr = blk % nq if blk < nblk else 0
-            for j in range(16):
-                k = 16 * bk + j
-                for i in range(16):
-                    x[i, k] = xb[blk, 16 * j + i] * f if live[bk] else F0
-                    w[i, k] = qb[qr, 16 * j + i]
+            sig[bk] = f
         for k in range(nl):
+            dl[k] = sig[k >> 4]
+            ok[k] = live[k >> 4]
             qsum[k] = F0
             e[k] = F0
         for i in range(16):
             for k in range(nl):
+                v = x[i, k] * dl[k] if ok[k] else F0
+                x[i, k] = v
                 qsum[k] += w[i, k]
-                e[k] += x[i, k] * x[i, k]
+                e[k] += v * v
         for bk in range(nsb):
             tq = F0
             t2 = F0

@@ -52,6 +52,24 @@ def test_each_cell_tries_its_nearest_grid_points_its_own_first():
             assert cand[u, 0] == on[0]
 
 
+def test_cells_count_the_level_bounds_at_every_boundary():
+    """The kernel's cell (floor / clamp arithmetic) is each weight's count of BOUNDS at or below
+    y / t, the reference's rule, on and around every bound, below zero and far above the top."""
+    bounds = np.asarray(enc.BOUNDS, np.float32)
+    near = np.concatenate([bounds, np.nextafter(bounds, np.float32(-1)), np.nextafter(bounds, np.float32(99)),
+                           np.float32([-5.0, -0.0, 0.0, 55.99, 56.0, 56.5, 63.0, 1e30])])
+    rng = np.random.default_rng(8)
+    y = np.concatenate([near, rng.uniform(-10, 80, 4 * 256 - len(near)).astype(np.float32)])
+    y4 = y.reshape(4, 256)
+    for t in (np.float32(1.0), np.float32(0.37), np.float32(3.0)):
+        tl = np.full(256, t, np.float32)
+        cell = np.empty(256, np.int64)
+        enc._cells(y4, tl, cell)
+        v = y4 * (np.float32(1.0) / tl)
+        lv = sum((v >= b).astype(np.int64) for b in bounds)
+        assert np.array_equal(cell, lv[0] + (lv[1] << 3) + (lv[2] << 6) + (lv[3] << 9))
+
+
 # ---------------------------------------------------------------- decode
 def test_decode_formula_by_hand():
     d_bits = np.array([[np.float16(0.5).view(np.uint16)]], np.uint16)

@@ -51,7 +51,7 @@ __all__ = ["BLOCK_BYTES", "D_MULT", "LEVELS", "LLOYD", "LS_STEPS", "START", "enc
            "search_tables"]
 
 BLOCK_BYTES = 98                     # fp16 d, 64 grid bytes, 8 x u32 (4 x 7 sign bits + 4-bit scale)
-BOUNDS = tuple((a + b) / 2 for a, b in zip(LEVELS, LEVELS[1:]))    # 8, 16, ..., 48, 57: _cells has them written out
+BOUNDS = tuple((a + b) / 2 for a, b in zip(LEVELS, LEVELS[1:]))    # 8, 16, ..., 48, 57 (_cells relies on it)
 NEAREST = 8                          # grid points tried per lane
 START = (44.0, 58.0, 72.0)           # the grid value a sub-block's largest target maps to, per start
 LLOYD = 1
@@ -268,18 +268,22 @@ def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
 # ------------------------------------------------------------ numba kernel
 @_jit
 def _cells(y4, tl, cell):
-    """``cell[k]``: lane k's cell at step ``tl[k]`` (its weights' nearest levels, 3 bits each)."""
+    """``cell[k]``: lane k's cell at step ``tl[k]`` (its weights' nearest levels, 3 bits each).  The
+    level is the count of ``BOUNDS`` (8, 16, ..., 48, 57) at or below ``v = y / t``, computed as
+    ``clamp(floor(v / 8), 0, 6) + (v >= 57)``: the bounds below 57 are the multiples of 8 and
+    ``v / 8`` is exact, so it is the same count in fewer operations."""
     one = np.float32(1.0)
+    zero = np.float32(0.0)
+    six = np.float32(6.0)
     for k in range(tl.shape[0]):
         it = one / tl[k]
         u = 0
         for j in range(4):
             v = y4[j, k] * it
-            lv = ((1 if v >= np.float32(8.0) else 0) + (1 if v >= np.float32(16.0) else 0)
-                  + (1 if v >= np.float32(24.0) else 0) + (1 if v >= np.float32(32.0) else 0)
-                  + (1 if v >= np.float32(40.0) else 0) + (1 if v >= np.float32(48.0) else 0)
-                  + (1 if v >= np.float32(57.0) else 0))
-            u += lv << (3 * j)
+            f = np.floor(v * np.float32(0.125))
+            f = f if f > zero else zero
+            f = f if f < six else six
+            u += (np.int64(f) + (1 if v >= np.float32(57.0) else 0)) << (3 * j)
         cell[k] = u
 
 

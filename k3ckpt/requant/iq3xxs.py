@@ -363,13 +363,11 @@ def _pick_scales(dn, tstar, sbm, snm, sel):
     for m in range(8):
         sc = min(tstar[m] / (0.5 * dn) - 0.5, 14.0)
         s0 = int(math.floor(sc)) if sc > 0.0 else 0
-        be = np.inf
-        for s in range(s0, s0 + 2):
-            e = _step_error(d32, s, sbm[m], snm[m])
-            if e < be:
-                be = e
-                sel[m] = s
-        total += be
+        e0 = _step_error(d32, s0, sbm[m], snm[m])
+        e1 = _step_error(d32, s0 + 1, sbm[m], snm[m])
+        up = e1 < e0                        # selects, not branches: the data decide, unpredictably
+        sel[m] = s0 + 1 if up else s0
+        total += e1 if up else e0
     return total
 
 

@@ -34,7 +34,7 @@ square, all-ones importance when none is given).  Per super-block:
    classes and the best classes at that ``t``; with two shifts, the step of the shift
    that errs less there.  With a shift per group (IQ1_M) the two shifts' classes stand side
    by side as one list, so each group picks a (shift, class) pair and there is one pass.
-3. Per super-block: fp16 ``d`` candidates ``max t* / (unit * (scale_max + 0.5)) * D_MULT``
+3. Per super-block: fp16 ``d`` candidates ``max t* / (unit * (scale_max + 0.5)) * m``, m in ``Grid.d_mult``
    (IQ2: ``4 max t* / 15.5``); for each, every sub-block takes the best of the two scales
    around ``t* / (d unit) - 0.5`` at each shift (the class minimum per group); then up to ``LS_STEPS``
    least-squares refinements of ``d`` (classes and scales fixed), rounded to
@@ -70,10 +70,9 @@ from ._ggml_encode import (QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, best_d, 
 
 __all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_reference", "search_tables"]
 
-D_MULT = np.array([1.0, 0.97, 0.94, 0.91])
+D_MULT = (1.0, 0.97, 0.94, 0.91)      # the d candidates' default multipliers (Grid.d_mult)
 ALT = 2
 LS_STEPS = 2
-D_MULT.flags.writeable = False
 SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
 
 
@@ -89,7 +88,9 @@ class Grid:
     runs on the values, not their magnitudes, and stores no sign bits; ``deltas``: the shifts
     added to every entry, one chosen per sub-block (IQ1_S: +-1/8) or, with ``shift_per_group``,
     per group of 8 (IQ1_M); a step is
-    ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.
+    ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.  ``d_mult``: the fp16 ``d``
+    candidates' multipliers of step 3 (each costs a pass over the classes; the least-squares
+    steps after them recover most of what more candidates would find).
     """
 
     label: str
@@ -102,6 +103,7 @@ class Grid:
     step_unit: float = 0.25
     scale_max: int = 15
     shift_per_group: bool = False
+    d_mult: tuple[float, ...] = D_MULT
 
     @property
     def shift_slots(self) -> int:
@@ -276,7 +278,7 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     tmax = 0.0
     for v in tstar:
         tmax = v if v > tmax else tmax
-    best_total, best_dn, picked = best_d(tmax / (unit * (grid.scale_max + 0.5)), unscale, D_MULT, eval_d)
+    best_total, best_dn, picked = best_d(tmax / (unit * (grid.scale_max + 0.5)), unscale, grid.d_mult, eval_d)
     if best_dn == 0.0:
         return
     for _ in range(LS_STEPS):
@@ -820,5 +822,6 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
                    np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.order, t.lev, t.lsq,
-                   t.lo, t.hi, t.cls_start, t.cls_norm, D_MULT, c.d, c.index, c.signs, c.scales, c.delta)
+                   t.lo, t.hi, t.cls_start, t.cls_norm, np.asarray(g.d_mult, np.float64), c.d, c.index, c.signs,
+                   c.scales, c.delta)
     return c, shape

@@ -36,7 +36,7 @@ square, all-ones importance when none is given).  Per super-block:
    by side as one list, so each group picks a (shift, class) pair and there is one pass.
 3. Per super-block: fp16 ``d`` candidates ``max t* / (unit * (scale_max + 0.5)) * m``, m in ``Grid.d_mult``
    (IQ2: ``4 max t* / 15.5``); for each, every sub-block takes the best of the two scales
-   around ``t* / (d unit) - 0.5`` at each shift (the class minimum per group); then up to ``LS_STEPS``
+   around ``t* / (d unit) - 0.5`` at each shift (the class minimum per group); then up to ``Grid.ls_steps``
    least-squares refinements of ``d`` (classes and scales fixed), rounded to
    fp16, kept only when the error drops.
 4. Codes: the winning class (first of equal errors) and its point; signs are
@@ -72,7 +72,7 @@ __all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_refer
 
 D_MULT = (1.0, 0.97, 0.94, 0.91)      # the d candidates' default multipliers (Grid.d_mult)
 ALT = 2
-LS_STEPS = 2
+LS_STEPS = 2                           # the default Grid.ls_steps
 SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
 
 
@@ -90,7 +90,8 @@ class Grid:
     per group of 8 (IQ1_M); a step is
     ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.  ``d_mult``: the fp16 ``d``
     candidates' multipliers of step 3 (each costs a pass over the classes; the least-squares
-    steps after them recover most of what more candidates would find).
+    steps after them recover most of what more candidates would find); ``ls_steps``: at most
+    that many least-squares refinements of ``d`` after them.
     """
 
     label: str
@@ -104,6 +105,7 @@ class Grid:
     scale_max: int = 15
     shift_per_group: bool = False
     d_mult: tuple[float, ...] = D_MULT
+    ls_steps: int = LS_STEPS
 
     @property
     def shift_slots(self) -> int:
@@ -281,7 +283,7 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     best_total, best_dn, picked = best_d(tmax / (unit * (grid.scale_max + 0.5)), unscale, grid.d_mult, eval_d)
     if best_dn == 0.0:
         return
-    for _ in range(LS_STEPS):
+    for _ in range(grid.ls_steps):
         s_sel, v_sel = picked
         num = 0.0
         den = 0.0
@@ -494,7 +496,7 @@ def _sub_errs(emin, out):
 
 @_jit
 def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, unit, smax, gt, order, lev, lsq,
-                   lo, hi, cls_start, norm, d_mult, out_d, out_idx, out_sg, out_sc, out_dv):
+                   lo, hi, cls_start, norm, d_mult, ls_steps, out_d, out_idx, out_sg, out_sc, out_dv):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
     # importance (block i uses row i % nq); gt [V, 8, P] and lev / lsq [V, 3] per shift;
     # codes out (zero-filled, as ``Codes``).  ``group_shift``: each group picks (shift, class), so
@@ -691,7 +693,7 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                         v_sel[m] = v_try[m]
         for b in range(nsb):
             lsact[b] = best_dn[b] != 0.0
-        for _ in range(LS_STEPS):
+        for _ in range(ls_steps):
             _chosen_classes(bdc, nnc, best_dn, s_sel, unit, nsub, t0m, tl, em, cmv)
             some = False
             for b in range(nsb):
@@ -822,6 +824,6 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
                    np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.order, t.lev, t.lsq,
-                   t.lo, t.hi, t.cls_start, t.cls_norm, np.asarray(g.d_mult, np.float64), c.d, c.index, c.signs,
-                   c.scales, c.delta)
+                   t.lo, t.hi, t.cls_start, t.cls_norm, np.asarray(g.d_mult, np.float64), g.ls_steps, c.d, c.index,
+                   c.signs, c.scales, c.delta)
     return c, shape

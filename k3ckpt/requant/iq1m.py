@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from . import grid_search
-from ._ggml_encode import as_rows
+from ._ggml_encode import as_rows, bit_fields
 from .grid_search import Codes, Grid
 
 __all__ = ["C_TAU", "GRID", "encode", "encode_reference", "pack", "search_tables"]
@@ -45,7 +45,7 @@ def pack(codes: Codes) -> np.ndarray:
     out[:, 0:32] = codes.index & 255
     nib = ((codes.index >> 8) & 7) | (codes.delta << 3)                       # [n, 32]
     out[:, 32:48] = nib[:, 0::2] | (nib[:, 1::2] << 4)
-    sc = (codes.scales.reshape(n, 4, 4) << (3 * np.arange(4))).sum(axis=2)   # [n, 4]
+    sc = bit_fields(codes.scales.reshape(n, 4, 4), 3)                          # [n, 4]
     d = codes.d.astype(np.int64)
     sc |= ((d[:, None] >> (4 * np.arange(4))) & 15) << 12
     out[:, 48:56] = sc.astype("<u2").view(np.uint8).reshape(n, 8)

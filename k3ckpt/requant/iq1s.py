@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from . import grid_search
-from ._ggml_encode import as_rows
+from ._ggml_encode import as_rows, bit_fields
 from .grid_search import Codes, Grid
 
 __all__ = ["C_TAU", "GRID", "encode", "encode_reference", "pack", "search_tables"]
@@ -44,7 +44,7 @@ def pack(codes: Codes) -> np.ndarray:
     out = np.zeros((n, BLOCK_BYTES), np.uint8)
     out[:, 0:2] = codes.d.astype("<u2")[:, None].view(np.uint8)
     out[:, 2:34] = codes.index & 255
-    high = ((codes.index >> 8).reshape(n, 8, 4) << (3 * np.arange(4))).sum(axis=2)
+    high = bit_fields((codes.index >> 8).reshape(n, 8, 4), 3)
     qh = high | (codes.scales << 12) | (codes.delta << 15)
     out[:, 34:50] = qh.astype("<u2").view(np.uint8).reshape(n, 16)
     return out

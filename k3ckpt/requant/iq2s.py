@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from . import grid_search
-from ._ggml_encode import as_rows
+from ._ggml_encode import as_rows, bit_fields
 from .grid_search import Codes, Grid
 
 __all__ = ["C_TAU", "GRID", "encode", "encode_reference", "pack", "search_tables"]
@@ -41,7 +41,7 @@ def pack(codes: Codes) -> np.ndarray:
     out[:, 0:2] = codes.d.astype("<u2")[:, None].view(np.uint8)
     out[:, 2:34] = codes.index & 255
     out[:, 34:66] = codes.signs
-    out[:, 66:74] = ((codes.index >> 8).reshape(n, 8, 4) << (2 * np.arange(4))).sum(axis=2)
+    out[:, 66:74] = bit_fields((codes.index >> 8).reshape(n, 8, 4), 2)
     out[:, 74:82] = codes.scales[:, 0::2] | (codes.scales[:, 1::2] << 4)
     return out
 

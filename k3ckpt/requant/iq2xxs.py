@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from . import grid_search
-from ._ggml_encode import as_rows
+from ._ggml_encode import as_rows, bit_fields
 from .grid_search import ALT, LS_STEPS, SB_CHUNK, Codes, Grid
 
 __all__ = ["ALT", "C_TAU", "GRID", "LS_STEPS", "SB_CHUNK", "encode", "encode_reference", "pack",
@@ -45,7 +45,7 @@ def pack(codes: Codes) -> np.ndarray:
     out[:, 0:2] = codes.d.astype("<u2")[:, None].view(np.uint8)
     sub = out[:, 2:].reshape(n, 8, 8)
     sub[:, :, 0:4] = codes.index.reshape(n, 8, 4)
-    aux = (codes.scales << 28) | ((codes.signs.reshape(n, 8, 4) & 127) << (7 * np.arange(4))).sum(axis=2)
+    aux = (codes.scales << 28) | bit_fields(codes.signs.reshape(n, 8, 4) & 127, 7)
     sub[:, :, 4:8] = aux.astype("<u4")[:, :, None].view(np.uint8)
     return out
 

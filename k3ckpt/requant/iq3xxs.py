@@ -45,7 +45,7 @@ import types
 import numpy as np
 
 from ..formats.iq3xxs import GRID_VALUES as LEVELS
-from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, block_inputs, freeze
+from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, bit_fields, block_inputs, freeze
 
 __all__ = ["BLOCK_BYTES", "D_MULT", "LEVELS", "LLOYD", "LS_STEPS", "START", "encode", "encode_reference", "pack",
            "search_tables"]
@@ -89,8 +89,7 @@ def pack(d_bits: np.ndarray, index: np.ndarray, signs: np.ndarray, scales: np.nd
     out = np.zeros((n, BLOCK_BYTES), np.uint8)
     out[:, 0:2] = d_bits.astype("<u2")[:, None].view(np.uint8)
     out[:, 2:66] = index
-    sg = signs.astype(np.int64).reshape(n, 8, 4)
-    aux = (scales.astype(np.int64) << 28) | (sg << (7 * np.arange(4))).sum(axis=2)
+    aux = (scales.astype(np.int64) << 28) | bit_fields(signs.reshape(n, 8, 4), 7)
     out[:, 66:98] = aux.astype("<u4").view(np.uint8).reshape(n, 32)
     return out
 

@@ -16,10 +16,9 @@ import numpy as np
 
 from . import grid_search
 from ._ggml_encode import as_rows, bit_fields
-from .grid_search import ALT, LS_STEPS, SB_CHUNK, Codes, Grid
+from .grid_search import ALT, SB_CHUNK, Codes, Grid
 
-__all__ = ["ALT", "C_TAU", "GRID", "LS_STEPS", "SB_CHUNK", "encode", "encode_reference", "pack",
-           "search_tables"]
+__all__ = ["ALT", "C_TAU", "GRID", "SB_CHUNK", "encode", "encode_reference", "pack", "search_tables"]
 
 BLOCK_BYTES = 66
 C_TAU = 0.0366      # the median of t* / RMS on Gaussian and Student-t data

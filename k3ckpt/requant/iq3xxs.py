@@ -75,7 +75,7 @@ def search_tables() -> types.SimpleNamespace:
     cells = np.stack(np.unravel_index(np.arange(8 ** 4), (8,) * 4, order="F"), axis=1)   # l0 fastest
     dist = ((levels[cells][:, None, :] - grid[None, :, :]) ** 2).sum(axis=2)            # [4096, 256]
     nearest = np.argsort(dist, axis=1, kind="stable")[:, :NEAREST]
-    packed = (grid << (8 * np.arange(4))).sum(axis=1)                  # values < 256: a byte each
+    packed = bit_fields(grid, 8)                                        # values < 256: a byte each
     return freeze(types.SimpleNamespace(gf=grid.astype(np.float32).reshape(-1),
                                         cand=(4 * nearest).astype(np.int32).reshape(-1),
                                         cpk=packed[nearest].astype(np.int32).reshape(-1)))

@@ -530,6 +530,8 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
     x = np.zeros((16, nl), np.float32)
     w = np.zeros((16, nl), np.float32)
     live = np.zeros(nsb, np.bool_)
+    lane_live = np.zeros(nl, np.bool_)
+    fpow = np.zeros(nsb, np.float32)           # each block's power-of-two input scale
     unscale = np.ones(nsb)
     sig = np.zeros(nsb, np.float32)
     base = np.zeros((3, nl), np.float32)       # sum w, w x, w x^2
@@ -601,15 +603,15 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
                 _, ex = math.frexp(amax)
                 f = np.float32(math.ldexp(1.0, -ex))
                 unscale[bk] = math.ldexp(1.0, ex)
-            sig[bk] = f
+            fpow[bk] = f
         for k in range(nl):
-            dl[k] = sig[k >> 4]
-            ok[k] = live[k >> 4]
+            dl[k] = fpow[k >> 4]
+            lane_live[k] = live[k >> 4]
             qsum[k] = F0
             e[k] = F0
         for i in range(16):
             for k in range(nl):
-                v = x[i, k] * dl[k] if ok[k] else F0
+                v = x[i, k] * dl[k] if lane_live[k] else F0
                 x[i, k] = v
                 qsum[k] += w[i, k]
                 e[k] += v * v

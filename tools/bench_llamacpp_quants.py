@@ -41,7 +41,6 @@ import ctypes  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -49,7 +48,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_requant  # noqa: E402  (same data generator)
+import bench_requant  # noqa: E402  (same data generator and timing helper)
 from bench_iq2xs import pin_one_core  # noqa: E402  (the same pinning)
 from k3ckpt.formats import iq1m as fmt_iq1m  # noqa: E402
 from k3ckpt.formats import iq1s as fmt_iq1s  # noqa: E402
@@ -131,20 +130,6 @@ def weighted_snr(x: np.ndarray, y: np.ndarray, q: np.ndarray | None) -> float:
     return 10 * math.log10(float((w * x64 * x64).sum()) / float((w * e * e).sum()))
 
 
-def cpu_best_interleaved(fns, repeat: int) -> list[float]:
-    """Best CPU time of each of ``fns`` over ``repeat`` rounds, one call of each per round: on a
-    shared machine a slow spell then hits both encoders, not one."""
-    for fn in fns:
-        fn()                                   # warm-up: numba compile or cache load
-    best = [math.inf] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            t0 = time.process_time()
-            fn()
-            best[i] = min(best[i], time.process_time() - t0)
-    return best
-
-
 def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS)) -> dict:
     ggml, note = ggml_quantizer()
     rng = np.random.default_rng(seed + 1)
@@ -169,7 +154,7 @@ def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS)) -> dict:
         src = sources["gaussian"]
         for iname, q in importance.items():
             fns = [lambda: enc(src, imatrix=q)] + ([lambda: ggml(gtype, src, q)] if ggml is not None else [])
-            best = cpu_best_interleaved(fns, repeat)
+            best = bench_requant.cpu_best_interleaved(fns, repeat)
             row = {"format": fname, "imatrix": iname, "ours_mw_s": src.size / best[0] / 1e6}
             if ggml is not None:
                 row["ggml_mw_s"] = src.size / best[1] / 1e6

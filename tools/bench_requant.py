@@ -72,12 +72,21 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def cpu_best(fn, repeat: int) -> float:
-    fn()  # warm-up: numba compile or cache load, first touch of buffers
-    best = math.inf
+    """Best CPU time of ``fn`` over ``repeat`` runs, after a warm-up run."""
+    return cpu_best_interleaved([fn], repeat)[0]
+
+
+def cpu_best_interleaved(fns, repeat: int) -> list[float]:
+    """Best CPU time of each of ``fns`` over ``repeat`` rounds, one call of each per round: on a
+    shared machine a slow spell then hits every one of them, not one."""
+    for fn in fns:
+        fn()                                   # warm-up: numba compile or cache load, first touch of buffers
+    best = [math.inf] * len(fns)
     for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
+        for i, fn in enumerate(fns):
+            t0 = time.process_time()
+            fn()
+            best[i] = min(best[i], time.process_time() - t0)
     return best
 
 

@@ -28,7 +28,9 @@ square, all-ones importance when none is given).  Per super-block:
    ``B - t0 N / 2`` at an expected step ``t0 = tau * sqrt(sum w a^2 / sum w)``
    of its sub-block (the largest ``B`` when a group's weights are equal).  The
    pass over the points (``_class_scores``) has the SIMD-lane layout of
-   ``requant.iq2xs._class_maxima``.
+   ``requant.iq2xs._class_maxima``.  With ``Grid.score_unshifted`` (IQ1) the points are
+   scored once, at the unshifted levels, and each shift takes the same points with its
+   own ``B`` and ``N``: one pass, not one a shift.
 2. Per sub-block of ``G`` groups: a free step ``t*``: classes by their best gain
    ``B^2 / N`` (``B > 0``), then ``ALT`` rounds of the least-squares ``t`` for the chosen
    classes and the best classes at that ``t``; with two shifts, the step of the shift
@@ -91,7 +93,9 @@ class Grid:
     ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.  ``d_mult``: the fp16 ``d``
     candidates' multipliers of step 3 (each costs a pass over the classes; the least-squares
     steps after them recover most of what more candidates would find); ``ls_steps``: at most
-    that many least-squares refinements of ``d`` after them.
+    that many least-squares refinements of ``d`` after them.  ``score_unshifted`` (with several
+    ``deltas``): each class's point is chosen once, scored at the unshifted levels, and every
+    shift takes those points with its own B and N: one pass over the grid instead of one a shift.
     """
 
     label: str
@@ -106,6 +110,7 @@ class Grid:
     shift_per_group: bool = False
     d_mult: tuple[float, ...] = D_MULT
     ls_steps: int = LS_STEPS
+    score_unshifted: bool = False
 
     @property
     def shift_slots(self) -> int:
@@ -135,8 +140,11 @@ class Codes:
 def search_tables(grid: np.ndarray, g: Grid) -> types.SimpleNamespace:
     """``grid`` (integer [P, 8] of ``g.levels``) in class order (``_ggml_encode.grid_classes``),
     and per shift v of ``g.deltas``: ``gt`` float32 [V, 8, P] the shifted points, ``gsq`` their
-    squares, ``lev`` / ``lsq`` [V, 3] the shifted levels and their squares; the callers cache it."""
+    squares, ``lev`` / ``lsq`` [V, 3] the shifted levels and their squares; ``gt0`` / ``gsq0``
+    [8, P] and ``lev0`` / ``lsq0`` [3] the same unshifted; the callers cache it."""
     t = grid_classes(grid, g.levels, by_sum=g.signed)
+    t.gt0, t.lev0 = t.gt, t.lev
+    t.gsq0, t.lsq0 = t.gt * t.gt, t.lev * t.lev
     dv = np.asarray(g.deltas, np.float32)[:, None]
     t.gt = np.ascontiguousarray(t.gt[None, :, :] + dv[:, :, None])
     t.lev = (t.lev[None, :] + dv).astype(np.float32)
@@ -203,7 +211,8 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
         prod = p[:, :, None] * t.gt[v][None, :, :]                   # [32, 8, P]: w a g
         pen = odd2[:, None] * prod.min(axis=1)                       # the forced flip's cost
         bvals = (_half(prod, 0) + _half(prod, 4)) - pen              # B of every point
-        ps = prod - (htau[:, None] * w)[:, :, None] * t.gsq[v][None, :, :]
+        sprod, sgsq = (p[:, :, None] * t.gt0[None, :, :], t.gsq0) if grid.score_unshifted else (prod, t.gsq[v])
+        ps = sprod - (htau[:, None] * w)[:, :, None] * sgsq[None, :, :]
         score = (_half(ps, 0) + _half(ps, 4)) - pen
         arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
                         for c in range(ncls)], axis=1)               # [32, C], first maximum
@@ -496,9 +505,11 @@ def _sub_errs(emin, out):
 
 @_jit
 def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, unit, smax, gt, order, lev, lsq,
-                   lo, hi, cls_start, norm, d_mult, ls_steps, out_d, out_idx, out_sg, out_sc, out_dv):
+                   one_pass, lev0, lsq0, lo, hi, cls_start, norm, d_mult, ls_steps, out_d, out_idx, out_sg, out_sc,
+                   out_dv):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
     # importance (block i uses row i % nq); gt [V, 8, P] and lev / lsq [V, 3] per shift;
+    # ``one_pass`` (Grid.score_unshifted): points scored once at the unshifted lev0 / lsq0;
     # codes out (zero-filled, as ``Codes``).  ``group_shift``: each group picks (shift, class), so
     # the later steps see one "shift" whose classes are the shifts' classes side by side.
     nblk = xb.shape[0]
@@ -638,8 +649,19 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
             for h in range(gc):
                 htau[h * ns + m] = half_tau * rms
         for v in range(nv):
-            _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh,
-                          acc[v])
+            if not one_pass:
+                _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3,
+                              m3, hh, acc[v])
+            elif v == 0:
+                _class_scores(at, wl, htau, hpf, parity, lev0, lsq0, ou, ow, cls_start, prods, prod, p2, m2, p3, m3,
+                              hh, acc[0])
+            else:
+                acc[v, :, :] = acc[0, :, :]
+            if one_pass:                     # the values' w a g at this shift's levels
+                for j in range(8):
+                    for u in range(3):
+                        for k in range(nl):
+                            prod[j, u, k] = at[j, k] * lev[v, u]
             _class_values(acc[v], prod, wl, lsq[v], parity, ou, ow, hh, wq, p2, p3, halves, bd[v], nn[v])
         if group_shift:
             for v in range(nv):
@@ -824,6 +846,6 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
                    np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.order, t.lev, t.lsq,
-                   t.lo, t.hi, t.cls_start, t.cls_norm, np.asarray(g.d_mult, np.float64), g.ls_steps, c.d, c.index,
+                   g.score_unshifted and len(g.deltas) > 1, t.lev0, t.lsq0, t.lo, t.hi, t.cls_start, t.cls_norm, np.asarray(g.d_mult, np.float64), g.ls_steps, c.d, c.index,
                    c.signs, c.scales, c.delta)
     return c, shape

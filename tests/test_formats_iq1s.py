@@ -22,8 +22,7 @@ def test_grid_comes_from_gguf_and_has_the_documented_shape():
     t = enc.search_tables()
     keys = {(int((r != 0).sum()), int(r.sum())) for r in grid}
     assert len(t.cls_norm) == len(keys) == 39
-    assert np.array_equal(t.gt[0].T, grid[t.order] + np.float32(0.125))
-    assert np.array_equal(t.gt[1].T, grid[t.order] - np.float32(0.125))
+    assert np.array_equal(t.gt.T, grid[t.order]) and enc.GRID.deltas == (0.125, -0.125)
     for c in range(len(t.cls_norm)):                  # a class: equal |g|^2 and sum g
         pts = grid[t.order[t.cls_start[c]:t.cls_start[c + 1]]].astype(int)
         assert len({(int((p * p).sum()), int(p.sum())) for p in pts}) == 1

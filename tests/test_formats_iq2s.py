@@ -22,7 +22,7 @@ def test_grid_comes_from_gguf_and_has_the_documented_shape():
     assert set(np.unique(grid)) == {8, 25, 43} and len({tuple(r) for r in grid}) == 1024
     t = enc.search_tables()
     assert len(t.cls_norm) == len(np.unique((grid.astype(int) ** 2).sum(axis=1))) == 16
-    assert np.array_equal(t.gt[0].T, grid[t.order]) and np.array_equal(t.gsq, t.gt * t.gt)
+    assert np.array_equal(t.gt.T, grid[t.order]) and np.array_equal(t.gsq, t.gt * t.gt)
 
 
 # ---------------------------------------------------------------- decode

@@ -17,7 +17,7 @@ The error minimised is ``sum w_i (value_i - x_i)^2`` with llama.cpp's weights
 square, all-ones importance when none is given).  Per super-block:
 
 1. Per group of 8 (magnitudes ``a``, or the values themselves on a signed grid; weights
-   ``w``), per shift (the grid's entries plus ``delta``; IQ2: none): for every point ``g``,
+   ``w``), for every point ``g`` (at shift ``delta``, IQ1: ``g + delta``),
    ``B_g = sum w a g``, minus ``2 min_j w_j a_j g_j`` when the parity rule holds
    and the group has an odd number of negative inputs (one sign flip is forced,
    cheapest where ``w a g`` is least); the error at step ``t`` is
@@ -28,9 +28,10 @@ square, all-ones importance when none is given).  Per super-block:
    ``B - t0 N / 2`` at an expected step ``t0 = tau * sqrt(sum w a^2 / sum w)``
    of its sub-block (the largest ``B`` when a group's weights are equal).  The
    pass over the points (``_class_scores``) has the SIMD-lane layout of
-   ``requant.iq2xs._class_maxima``.  With ``Grid.score_unshifted`` (IQ1) the points are
-   scored once, at the unshifted levels, and each shift takes the same points with its
-   own ``B`` and ``N``: one pass, not one a shift.
+   ``requant.iq2xs._class_maxima``.  The points are scored once, unshifted; each shift takes
+   the same points, ``B`` and ``N`` there from the point's unshifted sums (``B + delta sum w a``,
+   ``N + 2 delta sum w g + delta^2 sum w``), and ``B`` itself is the score plus ``t0 N / 2``,
+   so only ``N`` (and ``sum w g``) is summed again (``_class_values``).
 2. Per sub-block of ``G`` groups: a free step ``t*``: classes by their best gain
    ``B^2 / N`` (``B > 0``), then ``ALT`` rounds of the least-squares ``t`` for the chosen
    classes and the best classes at that ``t``; with two shifts, the step of the shift
@@ -93,9 +94,7 @@ class Grid:
     ``d * step_unit * (0.5 + s)``, ``s`` in 0 .. ``scale_max``.  ``d_mult``: the fp16 ``d``
     candidates' multipliers of step 3 (each costs a pass over the classes; the least-squares
     steps after them recover most of what more candidates would find); ``ls_steps``: at most
-    that many least-squares refinements of ``d`` after them.  ``score_unshifted`` (with several
-    ``deltas``): each class's point is chosen once, scored at the unshifted levels, and every
-    shift takes those points with its own B and N: one pass over the grid instead of one a shift.
+    that many least-squares refinements of ``d`` after them.
     """
 
     label: str
@@ -110,7 +109,6 @@ class Grid:
     shift_per_group: bool = False
     d_mult: tuple[float, ...] = D_MULT
     ls_steps: int = LS_STEPS
-    score_unshifted: bool = False
 
     @property
     def shift_slots(self) -> int:
@@ -138,19 +136,19 @@ class Codes:
 
 
 def search_tables(grid: np.ndarray, g: Grid) -> types.SimpleNamespace:
-    """``grid`` (integer [P, 8] of ``g.levels``) in class order (``_ggml_encode.grid_classes``),
-    and per shift v of ``g.deltas``: ``gt`` float32 [V, 8, P] the shifted points, ``gsq`` their
-    squares, ``lev`` / ``lsq`` [V, 3] the shifted levels and their squares; ``gt0`` / ``gsq0``
-    [8, P] and ``lev0`` / ``lsq0`` [3] the same unshifted; the callers cache it."""
+    """``grid`` (integer [P, 8] of ``g.levels``) in class order (``_ggml_encode.grid_classes``:
+    ``gt`` float32 [8, P] the points, ``lev`` [3] the levels) with ``gsq`` and ``lsq`` their
+    squares; the callers cache it.  The points are scored unshifted; the shifts enter only
+    through the chosen points' sums."""
     t = grid_classes(grid, g.levels, by_sum=g.signed)
-    t.gt0, t.lev0 = t.gt, t.lev
-    t.gsq0, t.lsq0 = t.gt * t.gt, t.lev * t.lev
-    dv = np.asarray(g.deltas, np.float32)[:, None]
-    t.gt = np.ascontiguousarray(t.gt[None, :, :] + dv[:, :, None])
-    t.lev = (t.lev[None, :] + dv).astype(np.float32)
     t.gsq = t.gt * t.gt
     t.lsq = t.lev * t.lev
     return freeze(t)
+
+
+def _shifted(g: Grid) -> bool:
+    """Whether a shift moves the levels (IQ1), so a point's B and N differ between shifts."""
+    return any(d != 0.0 for d in g.deltas)
 
 
 def _codes(n: int, g: Grid) -> Codes:
@@ -205,25 +203,30 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     rms = np.where(s2 > f0, np.sqrt(s1 / np.where(s2 > f0, s2, np.float32(1.0))), f0).astype(np.float32)
     htau = np.repeat(np.float32(0.5 * grid.tau) * rms, gc).astype(np.float32)
 
-    def classes(v):
-        """Per group and class, at shift v, the point with the best score B - htau N (htau = t / 2
-        at the group's expected step), its B and its own energy N = sum w g^2."""
-        prod = p[:, :, None] * t.gt[v][None, :, :]                   # [32, 8, P]: w a g
-        pen = odd2[:, None] * prod.min(axis=1)                       # the forced flip's cost
-        bvals = (_half(prod, 0) + _half(prod, 4)) - pen              # B of every point
-        sprod, sgsq = (p[:, :, None] * t.gt0[None, :, :], t.gsq0) if grid.score_unshifted else (prod, t.gsq[v])
-        ps = sprod - (htau[:, None] * w)[:, :, None] * sgsq[None, :, :]
-        score = (_half(ps, 0) + _half(ps, 4)) - pen
-        arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
-                        for c in range(ncls)], axis=1)               # [32, C], first maximum
-        wg2 = w[:, :, None] * t.gsq[v][None, :, :]                    # [32, 8, P]: w g^2
-        egy = np.take_along_axis(_half(wg2, 0) + _half(wg2, 4), arg, axis=1)
-        return arg, np.take_along_axis(bvals, arg, axis=1).astype(np.float64), egy.astype(np.float64), prod
+    # 1. per group and class the point of best score B - htau N at the unshifted levels (htau = t / 2
+    #    at the group's expected step; with the parity rule less the forced flip's cost), then its
+    #    B and N at each shift from its sums there: B = score + htau N, and with a shift delta
+    #    B + delta sum w a, N + 2 delta sum w g + delta^2 sum w (float32, in this order)
+    prod = p[:, :, None] * t.gt[None, :, :]                         # [32, 8, P]: w a g
+    pen = odd2[:, None] * prod.min(axis=1)                           # the forced flip's cost
+    ps = prod - (htau[:, None] * w)[:, :, None] * t.gsq[None, :, :]
+    score = (_half(ps, 0) + _half(ps, 4)) - pen
+    arg = np.stack([bounds[c] + np.argmax(score[:, bounds[c]:bounds[c + 1]], axis=1)
+                    for c in range(ncls)], axis=1)                   # [32, C], first maximum
 
-    found = [classes(v) for v in range(nv)]
-    barg = [f[0] for f in found]
-    bd = [f[1] for f in found]
-    nn = [f[2] for f in found]
+    def at_arg(v):                  # [32, C] float32: the chosen points' sums of v [32, 8, P]
+        return np.take_along_axis(_half(v, 0) + _half(v, 4), arg, axis=1)
+
+    n0 = at_arg(w[:, :, None] * t.gsq[None, :, :])
+    b0 = np.take_along_axis(score, arg, axis=1) + htau[:, None] * n0
+    bd, nn = [b0.astype(np.float64)], [n0.astype(np.float64)]
+    if _shifted(grid):
+        w1 = at_arg(w[:, :, None] * t.gt[None, :, :])
+        sat, sw = _rowsum32(p)[:, None], _rowsum32(w)[:, None]
+        dl = np.asarray(grid.deltas, np.float32)
+        bd = [(b0 + dl[v] * sat).astype(np.float64) for v in range(nv)]
+        nn = [((n0 + (np.float32(2.0) * dl[v]) * w1) + (dl[v] * dl[v]) * sw).astype(np.float64) for v in range(nv)]
+    barg = [arg] * nv
     if grid.shift_per_group:        # every group picks (shift, class): the shifts' classes side by side
         barg, bd, nn = ([np.concatenate(a, axis=1)] for a in (barg, bd, nn))
         nv = 1
@@ -332,7 +335,7 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
                 codes.delta[row, k] = pv
             bits = neg[8 * k:8 * k + 8].copy()
             if odd[k]:
-                bits[int(np.argmin(found[pv][3][k, :, i]))] ^= 1
+                bits[int(np.argmin(prod[k, :, i]))] ^= 1
             codes.signs[row, k] = int((bits << np.arange(8)).sum())
             codes.index[row, k] = int(t.order[i])
 
@@ -427,36 +430,53 @@ def _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods,
 
 
 @_jit
-def _class_values(acc, prodm, wl, lsq, parity, ou, ow, hh, wq, p2, p3, hv, bd, nn):
-    """For each class's chosen point (``acc[c, L + k]``): its B (as the reference's ``bvals``:
-    the two halves' sums of ``prodm`` = w a g, less the forced flip's cost, the smaller of
-    ``hh``'s two half minima) and its energy N = sum w g^2 (each half's sum, then the two
-    added), float32, into ``bd`` / ``nn`` [C, L].  The halves' sums of all 81 patterns come
-    first (``_ggml_encode.pattern_sums`` into ``hv``, laid out as ``hh``), so a point costs four
-    loads, not sixteen products.  Without the parity rule no flip is forced and the cost is
-    skipped: it is a zero there, and subtracting a zero changes no decision."""
-    nl = prodm.shape[2]
-    for j in range(8):
-        for v in range(3):
-            for k in range(nl):
-                wq[j, v, k] = wl[j, k] * lsq[v]
+def _class_values(acc, at, wl, sw, htau, lev, lsq, dl, shifted, ou, ow, wq, p2, p3, sat, w1, hv, bd, nn):
+    """For each class's chosen point (``acc[c, L + k]``, scored at the unshifted levels ``lev``):
+    its B and N at each shift v (``dl[v]``) into ``bd[v]`` / ``nn[v]`` [C, L], float32, as the
+    reference writes them: N = sum w g^2 (each half's sum, then the two added), B = score + htau N
+    (the score less the forced flip's cost, so B is too); with ``shifted`` levels, B + delta sum w a
+    and (N + 2 delta sum w g) + delta^2 sum w (``sw``).  The halves' sums of all 81 patterns come
+    first (``_ggml_encode.pattern_sums`` into ``hv``: [2, 81, 2, L], N's then sum w g's), so a
+    point costs two loads a sum."""
+    nl = at.shape[1]
     h4 = hv.reshape((2, 81, 2, nl))
-    pattern_sums(prodm, p2, p3, h4, 0)
-    pattern_sums(wq, p2, p3, h4, 1)
+    for j in range(8):
+        for u in range(3):
+            for k in range(nl):
+                wq[j, u, k] = wl[j, k] * lsq[u]
+    pattern_sums(wq, p2, p3, h4, 0)
+    if shifted:
+        for j in range(8):
+            for u in range(3):
+                for k in range(nl):
+                    wq[j, u, k] = wl[j, k] * lev[u]
+        pattern_sums(wq, p2, p3, h4, 1)
+        for k in range(nl):
+            sat[k] = np.float32(0.0)
+        for j in range(8):
+            for k in range(nl):
+                sat[k] += at[j, k]
     unl = np.uint64(nl)
-    for c in range(bd.shape[0]):
+    for c in range(bd.shape[1]):                 # the gathers: unshifted sums
         for k in range(nl):
             i = np.int64(acc[c, nl + k])
             uk = np.uint64(k)
             o1 = ou[i]
             o2 = ow[i]
-            b = hv[o1 + uk] + hv[o2 + uk]
-            if parity:
-                m = hh[o1 + unl + uk]
-                mm = hh[o2 + unl + uk]
-                b = b - (m if m < mm else mm)
-            bd[c, k] = b
-            nn[c, k] = hv[o1 + unl + uk] + hv[o2 + unl + uk]
+            n0 = hv[o1 + uk] + hv[o2 + uk]
+            nn[0, c, k] = n0
+            bd[0, c, k] = acc[c, k] + htau[k] * n0
+            if shifted:
+                w1[c, k] = hv[o1 + unl + uk] + hv[o2 + unl + uk]
+    if shifted:                                  # the shifts, over the lanes (the last shift first:
+        for v in range(dl.shape[0] - 1, -1, -1):     # shift 0 overwrites the unshifted sums)
+            d = dl[v]
+            d2 = np.float32(2.0) * d
+            dd = d * d
+            for c in range(bd.shape[1]):
+                for k in range(nl):
+                    bd[v, c, k] = bd[0, c, k] + d * sat[k]
+                    nn[v, c, k] = (nn[0, c, k] + d2 * w1[c, k]) + dd * sw[k]
 
 
 @_jit
@@ -505,16 +525,15 @@ def _sub_errs(emin, out):
 
 @_jit
 def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, unit, smax, gt, order, lev, lsq,
-                   one_pass, lev0, lsq0, lo, hi, cls_start, norm, d_mult, ls_steps, out_d, out_idx, out_sg, out_sc,
-                   out_dv):
+                   dl, shifted, lo, hi, cls_start, norm, d_mult, ls_steps, out_d, out_idx, out_sg, out_sc, out_dv):
     # xb [n, 256] float32 super-blocks, sbits their bits (for the sign of zeros), qb [nq, 256]
-    # importance (block i uses row i % nq); gt [V, 8, P] and lev / lsq [V, 3] per shift;
-    # ``one_pass`` (Grid.score_unshifted): points scored once at the unshifted lev0 / lsq0;
+    # importance (block i uses row i % nq); gt [8, P] and lev / lsq [3] unshifted; dl [V] the
+    # shifts (``shifted``: they move the levels);
     # codes out (zero-filled, as ``Codes``).  ``group_shift``: each group picks (shift, class), so
     # the later steps see one "shift" whose classes are the shifts' classes side by side.
     nblk = xb.shape[0]
     nq = qb.shape[0]
-    nv = gt.shape[0]
+    nv = dl.shape[0]
     nsb = SB_CHUNK
     nsub = 32 // gc
     nl = 32 * nsb
@@ -546,7 +565,9 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     hh = np.empty(162 * 2 * nl, np.float32)
     halves = np.empty(162 * 2 * nl, np.float32)    # the points' halves' B and N sums
     wq = np.empty((8, 3, nl), np.float32)
-    acc = np.empty((nv, ncls, 2 * nl), np.float32)
+    acc = np.empty((ncls, 2 * nl), np.float32)
+    sat = np.empty(nl, np.float32)                # per lane sum w a, and per class sum w g: the shifts'
+    w1 = np.empty((ncls, nl), np.float32)
     bd = np.empty((nv, ncls, nl), np.float32)     # class-major: the class searches run over the lanes
     nn = np.empty((nv, ncls, nl), np.float32)
     nvs = 1 if group_shift else nv        # shift choices per sub-block
@@ -648,21 +669,8 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
             rms = np.sqrt(s1 / (s2 if s2 > f0 else np.float32(1.0))) if s2 > f0 else f0
             for h in range(gc):
                 htau[h * ns + m] = half_tau * rms
-        for v in range(nv):
-            if not one_pass:
-                _class_scores(at, wl, htau, hpf, parity, lev[v], lsq[v], ou, ow, cls_start, prods, prod, p2, m2, p3,
-                              m3, hh, acc[v])
-            elif v == 0:
-                _class_scores(at, wl, htau, hpf, parity, lev0, lsq0, ou, ow, cls_start, prods, prod, p2, m2, p3, m3,
-                              hh, acc[0])
-            else:
-                acc[v, :, :] = acc[0, :, :]
-            if one_pass:                     # the values' w a g at this shift's levels
-                for j in range(8):
-                    for u in range(3):
-                        for k in range(nl):
-                            prod[j, u, k] = at[j, k] * lev[v, u]
-            _class_values(acc[v], prod, wl, lsq[v], parity, ou, ow, hh, wq, p2, p3, halves, bd[v], nn[v])
+        _class_scores(at, wl, htau, hpf, parity, lev, lsq, ou, ow, cls_start, prods, prod, p2, m2, p3, m3, hh, acc)
+        _class_values(acc, at, wl, gws, htau, lev, lsq, dl, shifted, ou, ow, wq, p2, p3, sat, w1, halves, bd, nn)
         if group_shift:
             for v in range(nv):
                 for c in range(ncls):
@@ -778,13 +786,13 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                         pvi = bc // ncls
                         bc = bc % ncls
                         out_dv[blk, gc * ib + h] = pvi
-                    i = np.int64(acc[pvi, bc, nl + k])       # the class's first point reaching its maximum
+                    i = np.int64(acc[bc, nl + k])            # the class's first point reaching its maximum
                     sg = sgn[k]
                     if hpf[k] != 0.0:                        # odd: flip the cheapest element
                         jm = 0
-                        pm = at[0, k] * gt[pvi, 0, i]
+                        pm = at[0, k] * gt[0, i]
                         for j in range(1, 8):
-                            pv = at[j, k] * gt[pvi, j, i]
+                            pv = at[j, k] * gt[j, i]
                             if pv < pm:
                                 pm = pv
                                 jm = j
@@ -846,6 +854,6 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
                    np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.order, t.lev, t.lsq,
-                   g.score_unshifted and len(g.deltas) > 1, t.lev0, t.lsq0, t.lo, t.hi, t.cls_start, t.cls_norm, np.asarray(g.d_mult, np.float64), g.ls_steps, c.d, c.index,
-                   c.signs, c.scales, c.delta)
+                   np.asarray(g.deltas, np.float32), _shifted(g), t.lo, t.hi, t.cls_start, t.cls_norm,
+                   np.asarray(g.d_mult, np.float64), g.ls_steps, c.d, c.index, c.signs, c.scales, c.delta)
     return c, shape

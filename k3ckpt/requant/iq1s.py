@@ -26,8 +26,7 @@ C_TAU = 1.0         # swept 0.2-3.0 on Gaussian and Student-t data: the weighted
 # One d candidate and one least-squares step, not four and two: +0.002 dB on average over the
 # benchmark's six cells (tools/bench_llamacpp_quants.py; -0.001 to +0.009 each), 14% faster.
 GRID = Grid("IQ1_S", group_count=4, parity=False, tau=C_TAU, levels=(-1, 0, 1), signed=True,
-            deltas=(0.125, -0.125), step_unit=2.0, scale_max=7, d_mult=(0.97,), ls_steps=1,
-            score_unshifted=True)
+            deltas=(0.125, -0.125), step_unit=2.0, scale_max=7, d_mult=(0.97,), ls_steps=1)
 
 
 @functools.cache

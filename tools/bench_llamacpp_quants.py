@@ -61,6 +61,7 @@ from k3ckpt.formats import q2_k as fmt_q2k  # noqa: E402
 from k3ckpt.requant import iq1m, iq1s, iq2s, iq2xs, iq2xxs, iq3xxs, q2_k  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
+TARGET_IQ_GAIN_DB = 0.3        # the IQ types' mean SNR gain over ggml, over every source and setting
 # the ggml types llama-quantize refuses to write without an importance matrix (llama.cpp's
 # src/llama-quant.cpp, tensor_requires_imatrix): IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS
 IMATRIX_REQUIRED = frozenset({19, 29, 16, 17, 22, 18})
@@ -171,6 +172,11 @@ def targets(res: dict) -> list[dict]:
             out.append({"target": f"{r['format']} {r['source']} imatrix={r['imatrix']}: SNR >= ggml",
                         "want": f">= {r['ggml_db']:.3f}", "measured": r["ours_db"],
                         "pass": r["ours_db"] >= r["ggml_db"]})
+    iq = [r["ours_db"] - r["ggml_db"] for r in res["quality"] if "ggml_db" in r and r["format"].startswith("iq")]
+    if iq:
+        gain = sum(iq) / len(iq)
+        out.append({"target": f"IQ types, {len(iq)} cells: mean SNR gain >= {TARGET_IQ_GAIN_DB:g} dB",
+                    "want": f">= {TARGET_IQ_GAIN_DB:g}", "measured": gain, "pass": gain >= TARGET_IQ_GAIN_DB})
     for r in res["speed"]:
         if "speedup" in r:
             out.append({"target": f"{r['format']} imatrix={r['imatrix']}: speed >= {TARGET_SPEEDUP:g}x ggml",

@@ -225,7 +225,8 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
         sat, sw = _rowsum32(p)[:, None], _rowsum32(w)[:, None]
         dl = np.asarray(grid.deltas, np.float32)
         bd = [(b0 + dl[v] * sat).astype(np.float64) for v in range(nv)]
-        nn = [((n0 + (np.float32(2.0) * dl[v]) * w1) + (dl[v] * dl[v]) * sw).astype(np.float64) for v in range(nv)]
+        nn = [((n0 + (np.float32(2.0) * dl[v]) * w1) + (dl[v] * dl[v]) * sw).astype(np.float64)
+              for v in range(nv)]
     barg = [arg] * nv
     if grid.shift_per_group:        # every group picks (shift, class): the shifts' classes side by side
         barg, bd, nn = ([np.concatenate(a, axis=1)] for a in (barg, bd, nn))
@@ -563,11 +564,11 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
     p3 = np.empty((27, nl), np.float32)
     m3 = np.empty((27, nl), np.float32)
     hh = np.empty(162 * 2 * nl, np.float32)
-    halves = np.empty(162 * 2 * nl, np.float32)    # the points' halves' B and N sums
+    halves = np.empty(162 * 2 * nl, np.float32)    # the half patterns' N and sum w g
     wq = np.empty((8, 3, nl), np.float32)
     acc = np.empty((ncls, 2 * nl), np.float32)
-    sat = np.empty(nl, np.float32)                # per lane sum w a, and per class sum w g: the shifts'
-    w1 = np.empty((ncls, nl), np.float32)
+    sat = np.empty(nl, np.float32)                # what the shifts add: per lane sum w a,
+    w1 = np.empty((ncls, nl), np.float32)         # per class and lane sum w g
     bd = np.empty((nv, ncls, nl), np.float32)     # class-major: the class searches run over the lanes
     nn = np.empty((nv, ncls, nl), np.float32)
     nvs = 1 if group_shift else nv        # shift choices per sub-block

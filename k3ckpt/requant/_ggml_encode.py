@@ -260,20 +260,19 @@ def _keep(v, best, arg, f):
 
 
 @_jit
-def _flip_score(hh, o1, o2, unl, uk):
-    """``(hs lo + hs hi) - min(hq lo, hq hi)`` of the point whose halves' rows start at o1, o2."""
-    m = hh[o1 + unl + uk]
-    mm = hh[o2 + unl + uk]
-    return (hh[o1 + uk] + hh[o2 + uk]) - (m if m < mm else mm)
+def _score(hh, o1, o2, unl, uk, flip):
+    """``hs lo + hs hi`` of the point whose halves' rows start at o1, o2, less ``min(hq lo, hq hi)``
+    when ``flip`` (a branch on an argument: the compiled loops split on it)."""
+    v = hh[o1 + uk] + hh[o2 + uk]
+    if flip:
+        m = hh[o1 + unl + uk]
+        mm = hh[o2 + unl + uk]
+        v = v - (m if m < mm else mm)
+    return v
 
 
 @_jit
-def class_argmax(hh, ou, ow, cls_start, init, acc):
-    """``acc[c, k]``: the largest ``(hs lo + hs hi) - min(hq lo, hq hi)`` over class c's points
-    for lane k (from ``init``), and ``acc[c, L + k]`` the first point reaching it (its index, as
-    float32: exact).  Four points at a time, in order, so a lane's running maximum stays in a
-    register between them (12-16% faster than one at a time); the lane loop vectorises with the
-    argmax in it."""
+def _argmax_pass(hh, ou, ow, cls_start, init, acc, flip):
     nl = acc.shape[1] // 2
     unl = np.uint64(nl)
     for c in range(acc.shape[0]):
@@ -288,10 +287,10 @@ def class_argmax(hh, ou, ow, cls_start, init, acc):
             f0 = np.float32(i)
             for k in range(nl):
                 uk = np.uint64(k)
-                best, arg = _keep(_flip_score(hh, a0, b0, unl, uk), acc[c, k], acc[c, nl + k], f0)
-                best, arg = _keep(_flip_score(hh, a1, b1, unl, uk), best, arg, f0 + np.float32(1.0))
-                best, arg = _keep(_flip_score(hh, a2, b2, unl, uk), best, arg, f0 + np.float32(2.0))
-                best, arg = _keep(_flip_score(hh, a3, b3, unl, uk), best, arg, f0 + np.float32(3.0))
+                best, arg = _keep(_score(hh, a0, b0, unl, uk, flip), acc[c, k], acc[c, nl + k], f0)
+                best, arg = _keep(_score(hh, a1, b1, unl, uk, flip), best, arg, f0 + np.float32(1.0))
+                best, arg = _keep(_score(hh, a2, b2, unl, uk, flip), best, arg, f0 + np.float32(2.0))
+                best, arg = _keep(_score(hh, a3, b3, unl, uk, flip), best, arg, f0 + np.float32(3.0))
                 acc[c, k] = best
                 acc[c, nl + k] = arg
             i += 4
@@ -300,39 +299,23 @@ def class_argmax(hh, ou, ow, cls_start, init, acc):
             o2 = ow[i]
             fi = np.float32(i)
             for k in range(nl):
-                acc[c, k], acc[c, nl + k] = _keep(_flip_score(hh, o1, o2, unl, np.uint64(k)), acc[c, k],
+                acc[c, k], acc[c, nl + k] = _keep(_score(hh, o1, o2, unl, np.uint64(k), flip), acc[c, k],
                                                   acc[c, nl + k], fi)
+
+
+@_jit
+def class_argmax(hh, ou, ow, cls_start, init, acc):
+    """``acc[c, k]``: the largest ``(hs lo + hs hi) - min(hq lo, hq hi)`` over class c's points
+    for lane k (from ``init``), and ``acc[c, L + k]`` the first point reaching it (its index, as
+    float32: exact).  Four points at a time, in order, so a lane's running maximum stays in a
+    register between them (12-16% faster than one at a time); the lane loop vectorises with the
+    argmax in it."""
+    _argmax_pass(hh, ou, ow, cls_start, init, acc, True)
 
 
 @_jit
 def class_argmax_plain(hh, ou, ow, cls_start, init, acc):
     """``class_argmax`` for lanes that force no flip (no parity rule: every ``hq`` is a zero):
     ``(hs lo + hs hi)`` alone, the same decisions with half the loads."""
-    nl = acc.shape[1] // 2
-    for c in range(acc.shape[0]):
-        for k in range(nl):
-            acc[c, k] = init
-            acc[c, nl + k] = 0.0
-        i = cls_start[c]
-        end = cls_start[c + 1]
-        while i + 4 <= end:
-            a0, a1, a2, a3 = ou[i], ou[i + 1], ou[i + 2], ou[i + 3]
-            b0, b1, b2, b3 = ow[i], ow[i + 1], ow[i + 2], ow[i + 3]
-            f0 = np.float32(i)
-            for k in range(nl):
-                uk = np.uint64(k)
-                best, arg = _keep(hh[a0 + uk] + hh[b0 + uk], acc[c, k], acc[c, nl + k], f0)
-                best, arg = _keep(hh[a1 + uk] + hh[b1 + uk], best, arg, f0 + np.float32(1.0))
-                best, arg = _keep(hh[a2 + uk] + hh[b2 + uk], best, arg, f0 + np.float32(2.0))
-                best, arg = _keep(hh[a3 + uk] + hh[b3 + uk], best, arg, f0 + np.float32(3.0))
-                acc[c, k] = best
-                acc[c, nl + k] = arg
-            i += 4
-        for i in range(i, end):
-            o1 = ou[i]
-            o2 = ow[i]
-            fi = np.float32(i)
-            for k in range(nl):
-                uk = np.uint64(k)
-                acc[c, k], acc[c, nl + k] = _keep(hh[o1 + uk] + hh[o2 + uk], acc[c, k], acc[c, nl + k], fi)
+    _argmax_pass(hh, ou, ow, cls_start, init, acc, False)
 

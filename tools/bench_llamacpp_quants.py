@@ -6,6 +6,7 @@ gguf-iq3_xxs) against ggml's own quantizers.
     python tools/bench_llamacpp_quants.py --size 256x3584 --repeat 1
     python tools/bench_llamacpp_quants.py --json
     python tools/bench_llamacpp_quants.py --formats iq1_m,iq1_s
+    python tools/bench_llamacpp_quants.py --holdout        # data no tuning has looked at
 
 Data: the generator of tools/bench_requant.py: a unit Gaussian and a Student-t(5)
 with per-row scale spread; and trained weights: the token embeddings WordLlama
@@ -15,6 +16,11 @@ imported), its first N*K/256 rows in order, K/256 to a row.  Each is MXFP4-ized
 (OCP encoder) and decoded, as K3's experts are; errors are against those MXFP4
 values.  Importance: none, or a synthetic one (per column
 exp(N(0, 1)): the heavy-tailed spread of llama.cpp's mean squared activations).
+
+``--holdout`` swaps in data that no encoder setting was tuned on, to check a choice made on
+the default sets: the Gaussian and Student-t sets from seed + 1000, WordLlama's last rows
+instead of its first (disjoint while N*K is at most half the matrix), and a wider importance
+matrix ("wide": exp(N(0, 1.5)) per column with 1% of the columns 50x, as outlier channels).
 
 Quality: the importance-weighted SNR ``10 log10(sum q x^2 / sum q (x - y)^2)``
 (q = 1 without an importance matrix), ours against ggml's on the same data.
@@ -108,9 +114,9 @@ def ggml_quantizer():
     return quantize, "ggml_quantize_chunk via ctypes (llama-cpp-python's libggml)"
 
 
-def trained_weights(n: int, k: int) -> tuple[np.ndarray | None, str]:
-    """WordLlama's trained embedding matrix as [n, k] float32 (each row K/256 of its 256-wide rows),
-    or (None, why not)."""
+def trained_weights(n: int, k: int, *, tail: bool = False) -> tuple[np.ndarray | None, str]:
+    """WordLlama's trained embedding matrix as [n, k] float32 (each row K/256 of its 256-wide rows:
+    its first, or with ``tail`` its last), or (None, why not)."""
     import importlib.util
 
     from safetensors.numpy import load_file
@@ -122,7 +128,9 @@ def trained_weights(n: int, k: int) -> tuple[np.ndarray | None, str]:
     emb = load_file(str(path))["embedding.weight"].astype(np.float32)
     if n * k > emb.size:
         return None, f"[{n}, {k}] needs {n * k:,} weights; WordLlama has {emb.size:,}"
-    return emb.reshape(-1)[:n * k].reshape(n, k), f"WordLlama {path.name} {tuple(emb.shape)}"
+    flat = emb.reshape(-1)
+    rows = flat[flat.size - n * k:] if tail else flat[:n * k]
+    return rows.reshape(n, k), f"WordLlama {path.name} {tuple(emb.shape)}{', last rows' if tail else ''}"
 
 
 def weighted_snr(x: np.ndarray, y: np.ndarray, q: np.ndarray | None) -> float:
@@ -131,15 +139,25 @@ def weighted_snr(x: np.ndarray, y: np.ndarray, q: np.ndarray | None) -> float:
     return 10 * math.log10(float((w * x64 * x64).sum()) / float((w * e * e).sum()))
 
 
-def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS)) -> dict:
+def importances(k: int, seed: int, holdout: bool) -> dict[str, np.ndarray | None]:
+    """None, and a synthetic per-column importance (``holdout``: the wider one with outliers)."""
+    if not holdout:
+        rng = np.random.default_rng(seed + 1)
+        return {"none": None, "synthetic": np.exp(rng.normal(0.0, 1.0, k)).astype(np.float32)}
+    rng = np.random.default_rng(seed + 1001)
+    q = np.exp(rng.normal(0.0, 1.5, k))
+    q[rng.choice(k, max(1, k // 100), replace=False)] *= 50.0
+    return {"none": None, "wide": q.astype(np.float32)}
+
+
+def run(n: int, k: int, repeat: int, seed: int, formats=tuple(FORMATS), *, holdout: bool = False) -> dict:
     ggml, note = ggml_quantizer()
-    rng = np.random.default_rng(seed + 1)
-    importance = {"none": None, "synthetic": np.exp(rng.normal(0.0, 1.0, k)).astype(np.float32)}
-    data = dict(bench_requant.datasets(n, k, seed))
-    trained, trained_note = trained_weights(n, k)
+    importance = importances(k, seed, holdout)
+    data = dict(bench_requant.datasets(n, k, seed + 1000 if holdout else seed))
+    trained, trained_note = trained_weights(n, k, tail=holdout)
     if trained is not None:
         data["trained"] = trained
-    res: dict = {"shape": [n, k], "weights": n * k, "ggml": note, "trained": trained_note,
+    res: dict = {"shape": [n, k], "weights": n * k, "ggml": note, "trained": trained_note, "holdout": holdout,
                  "quality": [], "speed": []}
     sources = {name: mxfp4.decode_pair(*mxfp4.encode_pair(x)) for name, x in data.items()}
     for fname in formats:
@@ -188,7 +206,8 @@ def targets(res: dict) -> list[dict]:
 def render(res: dict, pin_note: str) -> str:
     n, k = res["shape"]
     lines = [f"llama.cpp quant family from MXFP4, [{n}, {k}] = {res['weights'] / 1e6:.2f} M weights; "
-             f"{pin_note}; ggml: {res['ggml']}; trained set: {res['trained']}",
+             f"{pin_note}; ggml: {res['ggml']}; trained set: {res['trained']}"
+             f"{'; held-out data (--holdout)' if res.get('holdout') else ''}",
              "SNR weighted by the importance matrix (1 without); without one ggml's Q2_K runs its own rule "
              "and its i-quants get all ones (llama-quantize refuses them without one)", ""]
     lines.append(f"{'format':<8} {'source':<13} {'imatrix':<10} {'ours dB':>8} {'ggml dB':>8} {'gain dB':>8}")
@@ -213,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of: " + ", ".join(FORMATS))
+    ap.add_argument("--holdout", action="store_true",
+                    help="other seeds, WordLlama's last rows, a wider importance matrix with outlier columns")
     args = ap.parse_args(argv)
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     if not formats or set(formats) - set(FORMATS):
@@ -221,7 +242,7 @@ def main(argv=None) -> int:
     if k % 256:
         raise SystemExit(f"K = {k} is not a multiple of 256: these types are not applicable")
     pin_note = "not pinned" if args.no_pin else pin_one_core()
-    res = run(n, k, args.repeat, args.seed, formats)
+    res = run(n, k, args.repeat, args.seed, formats, holdout=args.holdout)
     res["pinning"] = pin_note
     print(json.dumps(res, indent=2) if args.json else render(res, pin_note))
     return 0 if all(t["pass"] for t in res["targets"]) else 1

@@ -127,11 +127,13 @@ def test_kernel_and_reference_bytes_identical(f, name, iname):
 
 @every_format
 def test_super_blocks_are_independent_of_each_other(f):
-    """The kernel works on several super-blocks at once: 7 (a partial chunk too) of every kind
-    encode to the same bytes alone, in reverse order, and by the reference."""
+    """The kernel works on several super-blocks at once: 21 of every kind (seven, then again
+    reversed and doubled, and again times -0.25: full chunks of 8 or 16 and a partial one) encode
+    to the same bytes alone, in reverse order, and by the reference."""
     x = small_inputs()
-    blocks = np.concatenate([x["gauss"][0, :256], x["zeros"][0], x["huge"][0], x["t5"][0, 256:512],
-                             x["tiny"][0], x["subnormal"][0], x["mxfp4"][0, :256]]).reshape(1, 7 * 256)
+    kinds = np.stack([x["gauss"][0, :256], x["zeros"][0], x["huge"][0], x["t5"][0, 256:512],
+                      x["tiny"][0], x["subnormal"][0], x["mxfp4"][0, :256]])
+    blocks = np.concatenate([kinds, kinds[::-1] * np.float32(2.0), kinds * np.float32(-0.25)]).reshape(1, -1)
     got = f.encoder.encode(blocks).reshape(-1, f.block_bytes)
     alone = np.stack([f.encoder.encode(b[None, :])[0] for b in blocks.reshape(-1, 256)])
     assert np.array_equal(got, alone)

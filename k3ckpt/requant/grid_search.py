@@ -76,7 +76,7 @@ __all__ = ["ALT", "Codes", "D_MULT", "Grid", "LS_STEPS", "search", "search_refer
 D_MULT = (1.0, 0.97, 0.94, 0.91)      # the d candidates' default multipliers (Grid.d_mult)
 ALT = 2
 LS_STEPS = 2                           # the default Grid.ls_steps
-SB_CHUNK = 4                  # super-blocks per kernel pass: 128 groups as SIMD lanes
+SB_CHUNK = 8                  # super-blocks per kernel pass: 256 groups as SIMD lanes (4: 2-6% slower)
 
 
 @dataclass(frozen=True)

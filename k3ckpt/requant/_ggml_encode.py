@@ -273,6 +273,7 @@ def _score(hh, o1, o2, unl, uk, flip):
 
 @_jit
 def _argmax_pass(hh, ou, ow, cls_start, init, acc, flip):
+    """The pass of ``class_argmax`` (``flip``) and ``class_argmax_plain``."""
     nl = acc.shape[1] // 2
     unl = np.uint64(nl)
     for c in range(acc.shape[0]):

@@ -116,6 +116,11 @@ class Grid:
         return 32 if self.shift_per_group else self.sub_blocks
 
     @property
+    def shifted(self) -> bool:
+        """Whether a shift moves the levels (IQ1), so a point's B and N differ between shifts."""
+        return any(d != 0.0 for d in self.deltas)
+
+    @property
     def sub_blocks(self) -> int:
         return 32 // self.group_count
 
@@ -144,11 +149,6 @@ def search_tables(grid: np.ndarray, g: Grid) -> types.SimpleNamespace:
     t.gsq = t.gt * t.gt
     t.lsq = t.lev * t.lev
     return freeze(t)
-
-
-def _shifted(g: Grid) -> bool:
-    """Whether a shift moves the levels (IQ1), so a point's B and N differ between shifts."""
-    return any(d != 0.0 for d in g.deltas)
 
 
 def _codes(n: int, g: Grid) -> Codes:
@@ -220,7 +220,7 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     n0 = at_arg(w[:, :, None] * t.gsq[None, :, :])
     b0 = np.take_along_axis(score, arg, axis=1) + htau[:, None] * n0
     bd, nn = [b0.astype(np.float64)], [n0.astype(np.float64)]
-    if _shifted(grid):
+    if grid.shifted:
         w1 = at_arg(w[:, :, None] * t.gt[None, :, :])
         sat, sw = _rowsum32(p)[:, None], _rowsum32(w)[:, None]
         dl = np.asarray(grid.deltas, np.float32)
@@ -855,6 +855,6 @@ def search(x, g: Grid, t, *, imatrix=None, name: str | None = None) -> tuple[Cod
     c = _codes(len(xb), g)
     _search_kernel(xb, xb.view(np.uint32), qw, g.group_count, g.parity, g.signed, g.shift_per_group,
                    np.float32(0.5 * g.tau), g.step_unit, float(g.scale_max), t.gt, t.order, t.lev, t.lsq,
-                   np.asarray(g.deltas, np.float32), _shifted(g), t.lo, t.hi, t.cls_start, t.cls_norm,
+                   np.asarray(g.deltas, np.float32), g.shifted, t.lo, t.hi, t.cls_start, t.cls_norm,
                    np.asarray(g.d_mult, np.float64), g.ls_steps, c.d, c.index, c.signs, c.scales, c.delta)
     return c, shape

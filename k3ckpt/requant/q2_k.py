@@ -8,23 +8,26 @@ super-block of 256 weights is 16 sub-blocks of 16; sub-block j decodes as
 The error minimised is ``sum w_i (value_i - x_i)^2`` with, as llama.cpp's
 ``quantize_row_q2_K_impl`` weighs it, ``w_i = imatrix_i * sqrt(sigma^2 + x_i^2)``
 (``sigma^2`` the super-block's mean square; an all-ones importance matrix when
-none is given).  Per super-block (inputs scaled by a power of two first,
-exact, so every product stays in float32 range):
+none is given).  How hard each step searches is an ``Effort``: ``WEIGHTED``
+with an importance matrix, ``PLAIN`` (a third of the time) without one.  Per
+super-block (inputs scaled by a power of two first, exact, so every product
+stays in float32 range):
 
 1. Per sub-block, a free affine fit ``a q + o`` (``o = -b <= 0``: the lowest
-   level is at most 0, as ggml's positive ``dmin`` allows): codes from
-   ``NC_CAND`` trial steps ``(3 + r) / (max - min(min, 0))`` on the range,
-   each followed by the weighted least-squares ``(a, o)`` for its codes
-   (clamped to ``o <= 0``); then ``LLOYD`` rounds of re-coding at the best
-   fit and refitting.  The best fit's sums (``sum w``, ``w x``, ``w x^2``,
-   ``w q``, ``w q^2``, ``w q x``) give every later error in closed form.
-2. Per super-block, fp16 ``d`` / ``dmin`` candidates ``max a / 15 * D_MULT``
+   level is at most 0, as ggml's positive ``dmin`` allows): codes from the
+   trial steps ``(3 + r) / (max - min(min, 0))`` on the range (``r`` in
+   ``r_cand``), each followed by the weighted least-squares ``(a, o)`` for its
+   codes (clamped to ``o <= 0``) and ``lloyd`` rounds of re-coding at the fit
+   and refitting; then ``FINAL_LLOYD`` rounds on the best.  The best fit's sums
+   (``sum w``, ``w x``, ``w x^2``, ``w q``, ``w q^2``, ``w q x``) give every
+   later error in closed form.
+2. Per super-block, fp16 ``d`` / ``dmin`` candidates ``max a / 15 * d_mult``
    by ``max b / 15 * M_MULT``; for each pair, each sub-block takes the best
    integer ``(sc, mc)`` (``sc`` one of the three around ``a / d``, ``mc`` the
    two around the best real min for that ``sc``) by the closed-form error at
    its codes; the pair with the least total wins.
 3. Codes: nearest level at the chosen ``(sc, mc)`` (exact error pass); then up
-   to ``LS_STEPS`` times the least-squares ``(d, dmin)`` for those codes and
+   to ``ls_steps`` times the least-squares ``(d, dmin)`` for those codes and
    nibbles, rounded to fp16, re-chosen nibbles, re-coded, kept only when the
    exact error drops.
 
@@ -40,26 +43,49 @@ A super-block whose importance values are all zero is weighed as all ones.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, block_inputs, check_imatrix, round_f16
 
-__all__ = ["D_MULT", "FINAL_LLOYD", "LLOYD", "LS_STEPS", "M_MULT", "R_CAND", "check_imatrix", "encode", "encode_reference"]
+__all__ = ["FINAL_LLOYD", "M_MULT", "PLAIN", "WEIGHTED", "Effort", "check_imatrix", "effort_for", "encode",
+           "encode_reference"]
 
 BLOCK_BYTES = 16 + 64 + 2 + 2
 
-# Step 1: trial steps (3 + r) / range; step 2: d and dmin candidates relative to max / 15.  A
-# third d candidate (0.86) moved no SNR of tools/bench_llamacpp_quants.py by more than 0.001 dB
-# (the least-squares steps of 3 recover it) and cost 6-10% of the time, so there are two.
-R_CAND = np.array([-0.8, -0.4, 0.0, 0.4, 0.8], np.float32)
-LLOYD = 1
+
+@dataclass(frozen=True)
+class Effort:
+    """How hard the search tries.  ``r_cand``: step 1's trial steps ``(3 + r) / range``;
+    ``lloyd``: Lloyd rounds after each trial; ``d_mult``: step 2's ``d`` candidates, relative
+    to ``max a / 15``; ``ls_steps``: step 3's least-squares refinements at most."""
+
+    r_cand: tuple[float, ...]
+    lloyd: int
+    d_mult: tuple[float, ...]
+    ls_steps: int
+
+
+# With an importance matrix the starts matter (3 or 4 of the 5 lost 0.02-0.11 dB of SNR, where the
+# margin over ggml's quantizer is 0.1-0.2 dB), and so do the second d candidate and the
+# refinements.  Without one, ggml runs a simpler rule than with one and our full search is 1.0-1.2
+# dB above it; two starts without Lloyd rounds, one d and no refinement keep 0.9-1.05 dB of that
+# (0.16 dB less than the full search) in a third of the time.  A third d candidate (0.86) moved no
+# SNR of tools/bench_llamacpp_quants.py by more than 0.001 dB and cost 6-10% of the time.  A single
+# d = 0.93 max a / 15 without refinement would clamp the largest sub-block's scale (sc <= 15).
+WEIGHTED = Effort(r_cand=(-0.8, -0.4, 0.0, 0.4, 0.8), lloyd=1, d_mult=(1.0, 0.93), ls_steps=2)
+PLAIN = Effort(r_cand=(-0.4, 0.4), lloyd=0, d_mult=(1.0,), ls_steps=0)
 FINAL_LLOYD = 1
-D_MULT = np.array([1.0, 0.93], np.float64)
 M_MULT = np.array([1.0], np.float64)
-LS_STEPS = 2
-for _a in (R_CAND, D_MULT, M_MULT):
-    _a.flags.writeable = False
+M_MULT.flags.writeable = False
+
+
+def effort_for(imatrix) -> Effort:
+    """``PLAIN`` without an importance matrix, else ``WEIGHTED`` (all ones included: ggml's Q2_K,
+    too, runs its simpler rule only when it is given none)."""
+    return PLAIN if imatrix is None else WEIGHTED
+
 
 F0 = np.float32(0.0)
 F2 = np.float32(2.0)
@@ -82,7 +108,7 @@ def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """Numpy twin of ``encode`` (same decisions, same float operations)."""
     xb, qw, shape = _prepare(x, imatrix, name)
     qb = np.broadcast_to(qw[None], (math.prod(shape[:-1]),) + qw.shape).reshape(-1, QK)
-    out = _ref_blocks(xb, qb) if len(xb) else np.zeros((0, BLOCK_BYTES), np.uint8)
+    out = _ref_blocks(xb, qb, effort_for(imatrix)) if len(xb) else np.zeros((0, BLOCK_BYTES), np.uint8)
     return as_rows(out, shape)
 
 
@@ -150,7 +176,7 @@ def _lloyd_ref(x, w, base, a, o, e, cs, rounds):
     return a, o, e, cs
 
 
-def _ref_blocks(xb: np.ndarray, qb: np.ndarray) -> np.ndarray:
+def _ref_blocks(xb: np.ndarray, qb: np.ndarray, effort: Effort) -> np.ndarray:
     n = xb.shape[0]
     amax = np.abs(xb).max(axis=1)
     live = amax >= TINY
@@ -178,7 +204,7 @@ def _ref_blocks(xb: np.ndarray, qb: np.ndarray) -> np.ndarray:
     best_e = np.full(lo.shape, np.inf, np.float32)
     best_a, best_o = best_e, best_e
     best_s = (best_e,) * 3
-    for idx, r in enumerate(R_CAND):
+    for idx, r in enumerate(np.array(effort.r_cand, np.float32)):
         iscale = (F3 + r) / rr
         cs = _code_sums(w, x, _lt(np.rint(iscale[..., None] * (x - lo[..., None])), F3))
         a, o, ok = _ls_fit(sw, sx, *cs)
@@ -186,7 +212,7 @@ def _ref_blocks(xb: np.ndarray, qb: np.ndarray) -> np.ndarray:
         if idx == 0:   # where no fit is solvable (flat, zero weights): the min-max levels, these codes
             a, o, ok = np.where(ok, a, np.where(flat, rr / F3, F0)), np.where(ok, o, lo), ok | True
         e = np.where(ok, _quad(a, o, base + cs), np.float32(np.inf))
-        a, o, e, cs = _lloyd_ref(x, w, base, a, o, e, cs, LLOYD)
+        a, o, e, cs = _lloyd_ref(x, w, base, a, o, e, cs, effort.lloyd)
         t = e < best_e
         best_a, best_o, best_e = np.where(t, a, best_a), np.where(t, o, best_o), np.where(t, e, best_e)
         best_s = tuple(np.where(t, v, b) for v, b in zip(cs, best_s))
@@ -201,7 +227,7 @@ def _ref_blocks(xb: np.ndarray, qb: np.ndarray) -> np.ndarray:
     best_tot = np.full(n, np.inf, np.float32)
     d_sel, m_sel = np.zeros(n, np.float32), np.zeros(n, np.float32)
     sc_sel, mc_sel = np.zeros((n, 16), np.float32), np.zeros((n, 16), np.float32)
-    for fd in D_MULT:
+    for fd in effort.d_mult:
         dn = np.array([_f16n(float(v) * fd / 15.0, u) for v, u in zip(amx, unscale)], np.float32)
         for fm in M_MULT:
             mn = np.array([_f16n(float(v) * fm / 15.0, u) for v, u in zip(bmx, unscale)], np.float32)
@@ -215,7 +241,7 @@ def _ref_blocks(xb: np.ndarray, qb: np.ndarray) -> np.ndarray:
     # 3. codes at the chosen nibbles, then least-squares d / dmin refinement
     lv, err, cs = _levels_ref(x, w, d_sel, m_sel, sc_sel, mc_sel)
     act = live.copy()
-    for _ in range(LS_STEPS):
+    for _ in range(effort.ls_steps):
         dn, mn = _ls_dm_ref(sc_sel, mc_sel, base + cs, unscale)
         act &= (dn > F0) & ((dn != d_sel) | (mn != m_sel))
         if not act.any():
@@ -445,9 +471,10 @@ def _k_nibbles(dl, ml, a_fit, base, s, sc_out, mc_out, e_out, c_t, isw, im):
 
 
 @_jit
-def _k_levels(x, w, dl, ml, sc, mc, acc, errl, la, lb, ia):
-    """At levels a q - b (a = d sc, b = dmin mc): the nearest codes' sums and each lane's exact
-    weighted error (``_levels_ref``), in one pass (``la``, ``lb``, ``ia``: scratch)."""
+def _k_levels(x, w, dl, ml, sc, mc, acc, errl, lv, la, lb, ia):
+    """At levels a q - b (a = d sc, b = dmin mc): the nearest codes ``lv`` (uint8), their sums
+    and each lane's exact weighted error (``_levels_ref``), in one pass (``la``, ``lb``, ``ia``:
+    scratch)."""
     nl = x.shape[1]
     for k in range(nl):
         acc[0, k] = F0
@@ -464,28 +491,13 @@ def _k_levels(x, w, dl, ml, sc, mc, acc, errl, la, lb, ia):
             v = np.rint((x[i, k] - (-b)) * ia[k])
             v = v if v > F0 else F0
             v = v if v < F3 else F3
+            lv[i, k] = np.uint8(v)
             r = (a * v - b) - x[i, k]
             errl[k] += (w[i, k] * r) * r
             wl = w[i, k] * v
             acc[0, k] += wl
             acc[1, k] += wl * v
             acc[2, k] += wl * x[i, k]
-
-
-@_jit
-def _k_codes(x, dl, ml, sc, mc, lv, lb, ia):
-    """The nearest codes (uint8) at levels a q - b, as ``_k_levels`` finds them."""
-    nl = x.shape[1]
-    for k in range(nl):
-        a = dl[k] * sc[k]
-        lb[k] = ml[k] * mc[k]
-        ia[k] = F1 / a if a > F0 else F0
-    for i in range(16):
-        for k in range(nl):
-            v = np.rint((x[i, k] - (-lb[k])) * ia[k])
-            v = v if v > F0 else F0
-            v = v if v < F3 else F3
-            lv[i, k] = np.uint8(v)
 
 
 @_jit
@@ -519,11 +531,11 @@ def _k_ls_dm(bk, sc, mc, base, s, unscale):
 
 
 @_jit
-def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
-    # xb [n, 256] float32 super-blocks, qb [nq, 256] their importance (block i uses row
-    # i % nq), out [n, 84] u8 zero-filled.
+def _encode_kernel(xb, qt, r_cand, lloyd, d_mult, ls_steps, m_mult, out):
+    # xb [n, 256] float32 super-blocks, qt [nq, 16, 16] their importance in lane order
+    # (``lane_importance``; block i uses qt[i % nq]), out [n, 84] u8 zero-filled.
     nblk = xb.shape[0]
-    nq = qb.shape[0]
+    nq = qt.shape[0]
     nsb = SB_CHUNK
     nl = 16 * nsb
     inf32 = np.float32(np.inf)
@@ -538,7 +550,6 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
     cs = np.zeros((3, nl), np.float32)         # a trial's code sums: w q, w q^2, w q x
     ns = np.zeros((3, nl), np.float32)         # a Lloyd round's
     bs = np.zeros((3, nl), np.float32)         # the best fit's, later the chosen codes'
-    qsum = np.zeros(nl, np.float32)
     lo = np.zeros(nl, np.float32)
     rr = np.zeros(nl, np.float32)
     flat = np.zeros(nl, np.bool_)
@@ -563,7 +574,8 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
     ia = np.zeros(nl, np.float32)
     dl = np.zeros(nl, np.float32)
     ml = np.zeros(nl, np.float32)
-    lvc = np.zeros((16, nl), np.uint8)
+    lvc = np.zeros((16, nl), np.uint8)         # the chosen levels' codes
+    lvt = np.zeros((16, nl), np.uint8)         # a refinement's
     dsel = np.zeros(nsb, np.float32)
     msel = np.zeros(nsb, np.float32)
     btot = np.zeros(nsb, np.float32)
@@ -576,16 +588,22 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
     for b0 in range(0, nblk, nsb):
         # 0. scaled inputs and importance as lanes; padding and tiny blocks are zero lanes.  The
         #    inputs go in unscaled, so each block's largest magnitude comes from the lanes' maxima
-        #    (vectorised) rather than a scalar pass over its 256 values.
+        #    (vectorised) rather than a scalar pass over its 256 values.  The importance comes
+        #    already in lane order (``qt``), a contiguous copy.
         for bk in range(nsb):
             blk = b0 + bk
-            inb = blk < nblk
-            qr = blk % nq if inb else 0
-            for j in range(16):
-                k = 16 * bk + j
+            if blk < nblk:
+                row = xb[blk]
+                qr = blk % nq
                 for i in range(16):
-                    x[i, k] = xb[blk, 16 * j + i] if inb else F0
-                    w[i, k] = qb[qr, 16 * j + i]
+                    for j in range(16):
+                        x[i, 16 * bk + j] = row[16 * j + i]
+                        w[i, 16 * bk + j] = qt[qr, i, j]
+            else:
+                for i in range(16):
+                    for j in range(16):
+                        x[i, 16 * bk + j] = F0
+                        w[i, 16 * bk + j] = F1
         for k in range(nl):
             e[k] = F0
         for i in range(16):
@@ -607,25 +625,17 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
         for k in range(nl):
             dl[k] = fpow[k >> 4]
             lane_live[k] = live[k >> 4]
-            qsum[k] = F0
             e[k] = F0
         for i in range(16):
             for k in range(nl):
                 v = x[i, k] * dl[k] if lane_live[k] else F0
                 x[i, k] = v
-                qsum[k] += w[i, k]
                 e[k] += v * v
         for bk in range(nsb):
-            tq = F0
             t2 = F0
             for k in range(16 * bk, 16 * bk + 16):
-                tq += qsum[k]
                 t2 += e[k]
             sig[bk] = t2 / np.float32(QK)
-            if not tq > F0:
-                for k in range(16 * bk, 16 * bk + 16):
-                    for i in range(16):
-                        w[i, k] = F1
         for k in range(nl):
             dl[k] = sig[k >> 4]
             base[0, k] = F0
@@ -666,7 +676,7 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
                                                      cs[0, k], cs[1, k], cs[2, k])
                 else:
                     e[k] = e[k] if good else inf32
-            _k_lloyd(x, w, base, a, o, e, cs, LLOYD, ns, a2, o2, e2, ok2, ia)
+            _k_lloyd(x, w, base, a, o, e, cs, lloyd, ns, a2, o2, e2, ok2, ia)
             for k in range(nl):
                 t = e[k] < be[k]
                 ba[k] = a[k] if t else ba[k]
@@ -715,14 +725,14 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
         for k in range(nl):
             dl[k] = dsel[k >> 4]
             ml[k] = msel[k >> 4]
-        _k_levels(x, w, dl, ml, scs, mcs, bs, el, la, lb, ia)
+        _k_levels(x, w, dl, ml, scs, mcs, bs, el, lvc, la, lb, ia)
         for bk in range(nsb):
             t = F0
             for k in range(16 * bk, 16 * bk + 16):
                 t += el[k]
             err[bk] = t
             act[bk] = live[bk]
-        for _ in range(LS_STEPS):
+        for _ in range(ls_steps):
             more = False
             for bk in range(nsb):
                 d2, m2 = _k_ls_dm(bk, scs, mcs, base, bs, unscale[bk])
@@ -736,7 +746,7 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
                 dl[k] = dn[k >> 4]
                 ml[k] = mn[k >> 4]
             _k_nibbles(dl, ml, ba, base, bs, sc, mc, el, a2, o2, e2)
-            _k_levels(x, w, dl, ml, sc, mc, ns, el, la, lb, ia)
+            _k_levels(x, w, dl, ml, sc, mc, ns, el, lvt, la, lb, ia)
             for bk in range(nsb):
                 t = F0
                 for k in range(16 * bk, 16 * bk + 16):
@@ -752,11 +762,10 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
                         bs[0, k] = ns[0, k]
                         bs[1, k] = ns[1, k]
                         bs[2, k] = ns[2, k]
-        # 4. bytes: the codes at the final levels
-        for k in range(nl):
-            dl[k] = dsel[k >> 4]
-            ml[k] = msel[k >> 4]
-        _k_codes(x, dl, ml, scs, mcs, lvc, lb, ia)
+                    for i in range(16):
+                        for k in range(16 * bk, 16 * bk + 16):
+                            lvc[i, k] = lvt[i, k]
+        # 4. bytes: the codes of the last accepted levels
         for bk in range(nsb):
             blk = b0 + bk
             if blk >= nblk or not live[bk]:
@@ -779,11 +788,21 @@ def _encode_kernel(xb, qb, r_cand, d_mult, m_mult, out):
                                                  | (lvc[i, k + 6] << 6))
 
 
+def lane_importance(qw: np.ndarray) -> np.ndarray:
+    """Importance rows ``[nq, 256]`` in the kernel's lane order ``[nq, 16, 16]`` (element ``i`` of
+    sub-block ``j`` at ``[r, i, j]``), an all-zero row as all ones: done once per call, not per block."""
+    qt = np.ascontiguousarray(qw.reshape(-1, 16, 16).transpose(0, 2, 1), np.float32)
+    qt[~(qt > F0).any(axis=(1, 2))] = F1
+    return qt
+
+
 def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """float32 ``[..., K]`` (K a multiple of 256, finite) -> Q2_K bytes U8 ``[..., K/256*84]`` (numba, one thread).
 
     ``imatrix``: importance per column, float ``[K]`` (None: all ones; ``check_imatrix``)."""
     xb, qw, shape = _prepare(x, imatrix, name)
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
-    _encode_kernel(xb, qw, R_CAND, D_MULT, M_MULT, out)
+    eff = effort_for(imatrix)
+    _encode_kernel(xb, lane_importance(qw), np.array(eff.r_cand, np.float32), eff.lloyd,
+                   np.array(eff.d_mult, np.float64), eff.ls_steps, M_MULT, out)
     return as_rows(out, shape)

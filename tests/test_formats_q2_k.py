@@ -81,3 +81,17 @@ def test_beats_min_max_rounding_on_its_own_objective_and_in_snr():
     assert weighted_error(x, y) < 0.8 * weighted_error(x, base)
     assert snr_db(x, y) > snr_db(x, base) + 1.0
     assert snr_db(x, y) > 11.0             # iid Gaussian: llama.cpp's own Q2_K reaches 11.4 dB (ones)
+
+
+def test_lighter_search_without_a_matrix_only():
+    # None takes the lighter search (as ggml's Q2_K runs its simpler rule only without a matrix);
+    # all ones, given, the full one, which errs less on the same objective
+    assert enc.effort_for(None) is enc.PLAIN
+    assert enc.effort_for(np.ones(256, np.float32)) is enc.WEIGHTED
+    assert len(enc.PLAIN.r_cand) < len(enc.WEIGHTED.r_cand)
+    x = np.random.default_rng(11).standard_normal((8, 1024)).astype(np.float32)
+    plain = enc.encode(x)
+    full = enc.encode(x, imatrix=np.ones(1024, np.float32))
+    assert np.array_equal(plain, enc.encode_reference(x))
+    assert not np.array_equal(plain, full)
+    assert weighted_error(x, q2_k.decode_q2k(full)) < weighted_error(x, q2_k.decode_q2k(plain))

@@ -18,7 +18,7 @@ stays in float32 range):
    trial steps ``(3 + r) / (max - min(min, 0))`` on the range (``r`` in
    ``r_cand``), each followed by the weighted least-squares ``(a, o)`` for its
    codes (clamped to ``o <= 0``) and ``lloyd`` rounds of re-coding at the fit
-   and refitting; then ``FINAL_LLOYD`` rounds on the best.  The best fit's sums
+   and refitting; then ``final_lloyd`` rounds on the best.  The best fit's sums
    (``sum w``, ``w x``, ``w x^2``, ``w q``, ``w q^2``, ``w q x``) give every
    later error in closed form.
 2. Per super-block, fp16 ``d`` / ``dmin`` candidates ``max a / 15 * d_mult``
@@ -49,7 +49,7 @@ import numpy as np
 
 from ._ggml_encode import QK, TINY, _f16_bits_nb, _jit, _round_f16_nb, as_rows, block_inputs, check_imatrix, round_f16
 
-__all__ = ["FINAL_LLOYD", "M_MULT", "PLAIN", "WEIGHTED", "Effort", "check_imatrix", "effort_for", "encode",
+__all__ = ["M_MULT", "PLAIN", "WEIGHTED", "Effort", "check_imatrix", "effort_for", "encode",
            "encode_reference"]
 
 BLOCK_BYTES = 16 + 64 + 2 + 2
@@ -58,25 +58,28 @@ BLOCK_BYTES = 16 + 64 + 2 + 2
 @dataclass(frozen=True)
 class Effort:
     """How hard the search tries.  ``r_cand``: step 1's trial steps ``(3 + r) / range``;
-    ``lloyd``: Lloyd rounds after each trial; ``d_mult``: step 2's ``d`` candidates, relative
-    to ``max a / 15``; ``ls_steps``: step 3's least-squares refinements at most."""
+    ``lloyd``: Lloyd rounds after each trial; ``final_lloyd``: after the best trial;
+    ``d_mult``: step 2's ``d`` candidates, relative to ``max a / 15``; ``ls_steps``: step 3's
+    least-squares refinements at most."""
 
     r_cand: tuple[float, ...]
     lloyd: int
+    final_lloyd: int
     d_mult: tuple[float, ...]
     ls_steps: int
 
 
 # With an importance matrix the starts matter (3 or 4 of the 5 lost 0.02-0.11 dB of SNR, where the
-# margin over ggml's quantizer is 0.1-0.2 dB), and so do the second d candidate and the
-# refinements.  Without one, ggml runs a simpler rule than with one and our full search is 1.0-1.2
-# dB above it; two starts without Lloyd rounds, one d and no refinement keep 0.9-1.05 dB of that
-# (0.16 dB less than the full search) in a third of the time.  A third d candidate (0.86) moved no
+# margin over ggml's quantizer is 0.1-0.2 dB), and so does the second d candidate; the Lloyd round
+# after the best start and a second refinement each won under 0.01 dB (together 0.012 dB for 13%
+# of the time), so there are none and one.  Without a matrix ggml runs a simpler rule than with
+# one and our full search is 1.0-1.2 dB above it; two starts without Lloyd rounds, one d and no
+# refinement keep 0.9-1.05 dB of that (0.16 dB less than the full search) in a third of the time,
+# the Lloyd round after the best start mattering more there.  A third d candidate (0.86) moved no
 # SNR of tools/bench_llamacpp_quants.py by more than 0.001 dB and cost 6-10% of the time.  A single
 # d = 0.93 max a / 15 without refinement would clamp the largest sub-block's scale (sc <= 15).
-WEIGHTED = Effort(r_cand=(-0.8, -0.4, 0.0, 0.4, 0.8), lloyd=1, d_mult=(1.0, 0.93), ls_steps=2)
-PLAIN = Effort(r_cand=(-0.4, 0.4), lloyd=0, d_mult=(1.0,), ls_steps=0)
-FINAL_LLOYD = 1
+WEIGHTED = Effort(r_cand=(-0.8, -0.4, 0.0, 0.4, 0.8), lloyd=1, final_lloyd=0, d_mult=(1.0, 0.93), ls_steps=1)
+PLAIN = Effort(r_cand=(-0.4, 0.4), lloyd=0, final_lloyd=1, d_mult=(1.0,), ls_steps=0)
 M_MULT = np.array([1.0], np.float64)
 M_MULT.flags.writeable = False
 
@@ -216,7 +219,7 @@ def _ref_blocks(xb: np.ndarray, qb: np.ndarray, effort: Effort) -> np.ndarray:
         t = e < best_e
         best_a, best_o, best_e = np.where(t, a, best_a), np.where(t, o, best_o), np.where(t, e, best_e)
         best_s = tuple(np.where(t, v, b) for v, b in zip(cs, best_s))
-    best_a, best_o, best_e, best_s = _lloyd_ref(x, w, base, best_a, best_o, best_e, best_s, FINAL_LLOYD)
+    best_a, best_o, best_e, best_s = _lloyd_ref(x, w, base, best_a, best_o, best_e, best_s, effort.final_lloyd)
 
     # 2. d / dmin candidates: each sub-block's best nibbles by the closed-form error at its codes
     amx = np.zeros(n, np.float32)
@@ -531,7 +534,7 @@ def _k_ls_dm(bk, sc, mc, base, s, unscale):
 
 
 @_jit
-def _encode_kernel(xb, qt, r_cand, lloyd, d_mult, ls_steps, m_mult, out):
+def _encode_kernel(xb, qt, r_cand, lloyd, final_lloyd, d_mult, ls_steps, m_mult, out):
     # xb [n, 256] float32 super-blocks, qt [nq, 16, 16] their importance in lane order
     # (``lane_importance``; block i uses qt[i % nq]), out [n, 84] u8 zero-filled.
     nblk = xb.shape[0]
@@ -685,7 +688,7 @@ def _encode_kernel(xb, qt, r_cand, lloyd, d_mult, ls_steps, m_mult, out):
                 bs[0, k] = cs[0, k] if t else bs[0, k]
                 bs[1, k] = cs[1, k] if t else bs[1, k]
                 bs[2, k] = cs[2, k] if t else bs[2, k]
-        _k_lloyd(x, w, base, ba, bo, be, bs, FINAL_LLOYD, ns, a2, o2, e2, ok2, ia)
+        _k_lloyd(x, w, base, ba, bo, be, bs, final_lloyd, ns, a2, o2, e2, ok2, ia)
         # 2. d / dmin candidates per block, nibbles per lane by the closed-form error
         for bk in range(nsb):
             amx[bk] = F0
@@ -803,6 +806,6 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     xb, qw, shape = _prepare(x, imatrix, name)
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
     eff = effort_for(imatrix)
-    _encode_kernel(xb, lane_importance(qw), np.array(eff.r_cand, np.float32), eff.lloyd,
+    _encode_kernel(xb, lane_importance(qw), np.array(eff.r_cand, np.float32), eff.lloyd, eff.final_lloyd,
                    np.array(eff.d_mult, np.float64), eff.ls_steps, M_MULT, out)
     return as_rows(out, shape)

@@ -175,8 +175,8 @@ FAMILY = (
         "q2_k", "gguf-q2_k", "Q2_K", 84, "16 + 64 + 2 + 2", ("Q2_K", "q2-k"), q2_k.decode_q2k, q2_k.decode_q2k_ref,
         enc_q2_k, "q2_k_ex1.json", (F16At(80), F16At(82)), inf_d_gives_inf=False,
         zero_d_gives_both_zero_signs=False,
-        # llama.cpp's own Q2_K reaches 11.4 dB on iid Gaussian (ones); without a matrix both run a
-        # lighter search than with one, even with all ones
+        # llama.cpp's own Q2_K reaches 11.4 dB on iid Gaussian (ones); it and ours search less
+        # without a matrix than with one, all ones included
         snr_min=11.0, mean_error_max=1.5e-2, importance=(4, 0.7, 0.5), ones_is_plain=False, sign_symmetric=False),
     GGMLFormat(
         "iq3xxs", "gguf-iq3_xxs", "IQ3_XXS", 98, "2 + 64 + 32", ("IQ3_XXS", "iq3_xxs"), iq3xxs.decode_iq3xxs,

@@ -536,7 +536,7 @@ def _k_ls_dm(bk, sc, mc, base, s, unscale):
 @_jit
 def _encode_kernel(xb, qt, r_cand, lloyd, final_lloyd, d_mult, ls_steps, m_mult, out):
     # xb [n, 256] float32 super-blocks, qt [nq, 16, 16] their importance in lane order
-    # (``lane_importance``; block i uses qt[i % nq]), out [n, 84] u8 zero-filled.
+    # (``_lane_importance``; block i uses qt[i % nq]), out [n, 84] u8 zero-filled.
     nblk = xb.shape[0]
     nq = qt.shape[0]
     nsb = SB_CHUNK
@@ -791,7 +791,7 @@ def _encode_kernel(xb, qt, r_cand, lloyd, final_lloyd, d_mult, ls_steps, m_mult,
                                                  | (lvc[i, k + 6] << 6))
 
 
-def lane_importance(qw: np.ndarray) -> np.ndarray:
+def _lane_importance(qw: np.ndarray) -> np.ndarray:
     """Importance rows ``[nq, 256]`` in the kernel's lane order ``[nq, 16, 16]`` (element ``i`` of
     sub-block ``j`` at ``[r, i, j]``), an all-zero row as all ones: done once per call, not per block."""
     qt = np.ascontiguousarray(qw.reshape(-1, 16, 16).transpose(0, 2, 1), np.float32)
@@ -806,6 +806,6 @@ def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     xb, qw, shape = _prepare(x, imatrix, name)
     out = np.zeros((xb.shape[0], BLOCK_BYTES), np.uint8)
     eff = effort_for(imatrix)
-    _encode_kernel(xb, lane_importance(qw), np.array(eff.r_cand, np.float32), eff.lloyd, eff.final_lloyd,
+    _encode_kernel(xb, _lane_importance(qw), np.array(eff.r_cand, np.float32), eff.lloyd, eff.final_lloyd,
                    np.array(eff.d_mult, np.float64), eff.ls_steps, M_MULT, out)
     return as_rows(out, shape)

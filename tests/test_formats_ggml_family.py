@@ -220,6 +220,18 @@ def test_importance_moves_the_error_to_the_unimportant_columns(f):
     assert np.array_equal(f.encoder.encode(x, imatrix=np.zeros(512)), ones)
 
 
+def test_a_super_block_of_zero_importance_weighs_as_all_ones():
+    """The encoders' shared input step: a row of zeros (one super-block's columns) becomes all ones
+    after the matrix's power-of-two scaling; the other rows keep their scaled values."""
+    from k3ckpt.requant._ggml_encode import block_inputs, check_imatrix
+
+    holes = importances(512)["holes"]                      # columns 0-255 zero, 300-309 zero
+    _, qw, _ = block_inputs(np.zeros((2, 512), np.float32), holes, "test", name=None)
+    assert (qw[0] == np.float32(1.0)).all()
+    assert np.array_equal(qw[1], check_imatrix(holes, 512)[256:])
+    assert (qw[1, 44:54] == 0.0).all()
+
+
 @pytest.mark.parametrize("f", [f for f in FAMILY if f.ones_is_plain], ids=str)
 def test_no_importance_matrix_is_all_ones(f):
     """Where the table says so, encoding without a matrix is encoding with all ones."""

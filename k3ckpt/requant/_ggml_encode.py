@@ -76,10 +76,11 @@ def check_imatrix(imatrix, k: int, *, name: str | None = None) -> np.ndarray:
 
 def block_inputs(x, imatrix, label: str, *, name: str | None) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """An encoder's input as super-blocks: ``x`` (``check_rows``) as float32 ``[M * K/256, 256]``,
-    the importance (``check_imatrix``) as ``[K/256, 256]`` (super-block i reads row i % (K/256)),
-    and ``x``'s shape."""
+    the importance (``check_imatrix``) as ``[K/256, 256]`` (super-block i reads row i % (K/256);
+    a row of zeros is all ones: nothing in it would weigh), and ``x``'s shape."""
     x2, shape = check_rows(x, label, name=name)
     qw = check_imatrix(imatrix, x2.shape[1], name=name).reshape(-1, QK)
+    qw[~(qw > np.float32(0.0)).any(axis=1)] = np.float32(1.0)
     return x2.reshape(-1, QK), qw, shape
 
 

@@ -186,8 +186,6 @@ def _ref_block(x: np.ndarray, q: np.ndarray, grid: Grid, t, codes: Codes, row: i
     x = x * np.float32(math.ldexp(1.0, -ex))
     a = x if grid.signed else np.abs(x)          # what the points' levels multiply
     unscale = math.ldexp(1.0, ex)
-    if not _seq32(q.reshape(32, 8)) > f0:       # all-zero importance: ones
-        q = np.ones(QK, np.float32)
     # weights (float32): sigma^2 = sum x^2 / 256, group sums first, then the 32 groups in order
     sigma2 = _seq32(_rowsum32((x * x).reshape(32, 8))) / np.float32(QK)
     w = (q * np.sqrt(sigma2 + x * x)).astype(np.float32).reshape(32, 8)
@@ -617,23 +615,15 @@ def _search_kernel(xb, sbits, qb, gc, parity, signed, group_shift, half_tau, uni
                 f = np.float32(math.ldexp(1.0, -ex))
                 unscale[b] = math.ldexp(1.0, ex)
             qr = blk % nq if blk < nblk else 0
-            qt = f0
             s2 = f0
             for g in range(32):
-                gq = f0
                 gx = f0
                 for j in range(8):
                     v = xb[blk, 8 * g + j] * f if live[b] else f0
                     xs[b, 8 * g + j] = v
-                    qv = qb[qr, 8 * g + j]
-                    ws[b, 8 * g + j] = qv
-                    gq += qv
+                    ws[b, 8 * g + j] = qb[qr, 8 * g + j]
                     gx += v * v
-                qt += gq
                 s2 += gx
-            if not qt > f0:
-                for j in range(256):
-                    ws[b, j] = np.float32(1.0)
             sigma2 = s2 / np.float32(QK)
             for ib in range(nsub):
                 for h in range(gc):

@@ -127,7 +127,6 @@ def encode_reference(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
     unscale = np.ldexp(1.0, ex)
     xs = (xb * scale[:, None]).astype(f32)
     q = qw[np.arange(n) % len(qw)]
-    q = np.where((q > 0).any(axis=1)[:, None], q, f32(1.0)).astype(f32)
     acc = np.zeros((n, 16), f32)
     for r in range(16):
         v = xs[:, 16 * r:16 * r + 16]
@@ -430,14 +429,9 @@ def _kernel(xb, sbits, qb, gf, cand, cpk, start, d_mult, out_d, out_idx, out_sg,
         f = np.float32(math.ldexp(1.0, -ex))
         unscale = math.ldexp(1.0, ex)
         qr = blk % nq
-        anyq = 0
         for i in range(QK):
             xs[i] = xb[blk, i] * f
             q[i] = qb[qr, i]
-            anyq |= 1 if q[i] > f0 else 0
-        if anyq == 0:
-            for i in range(QK):
-                q[i] = np.float32(1.0)
         for k in range(16):                        # sum x^2: 16 lanes, then the lanes in order
             acc[k] = f0
         for r in range(16):

@@ -37,7 +37,7 @@ identical bytes; tests hold them to it.
 
 Super-blocks with ``max|x| < 2^-24`` (below fp16's reach) and all-zero ones
 encode as zeros; ``d`` and ``dmin`` are clamped to fp16's largest finite value.
-A super-block whose importance values are all zero is weighed as all ones.
+A super-block whose importance values are all zero is weighed as all ones (``_ggml_encode.block_inputs``).
 """
 
 from __future__ import annotations
@@ -188,7 +188,6 @@ def _ref_blocks(xb: np.ndarray, qb: np.ndarray, effort: Effort) -> np.ndarray:
     unscale = np.array([math.ldexp(1.0, int(e)) for e in ex], np.float64)
     x = np.where(live[:, None], xb * f, F0).astype(np.float32).reshape(n, 16, 16)
     q = qb.reshape(n, 16, 16).astype(np.float32)
-    q = np.where((_seq(_seq(q)) > F0)[:, None, None], q, F1)     # all-zero importance: ones
 
     # weights: w = q * sqrt(sigma^2 + x^2), sigma^2 = sum x^2 / 256 (per sub-block, then blocks)
     sigma2 = _seq(_seq(x * x)) / np.float32(QK)
@@ -793,10 +792,8 @@ def _encode_kernel(xb, qt, r_cand, lloyd, final_lloyd, d_mult, ls_steps, m_mult,
 
 def _lane_importance(qw: np.ndarray) -> np.ndarray:
     """Importance rows ``[nq, 256]`` in the kernel's lane order ``[nq, 16, 16]`` (element ``i`` of
-    sub-block ``j`` at ``[r, i, j]``), an all-zero row as all ones: done once per call, not per block."""
-    qt = np.ascontiguousarray(qw.reshape(-1, 16, 16).transpose(0, 2, 1), np.float32)
-    qt[~(qt > F0).any(axis=(1, 2))] = F1
-    return qt
+    sub-block ``j`` at ``[r, i, j]``): done once per call, not per block."""
+    return np.ascontiguousarray(qw.reshape(-1, 16, 16).transpose(0, 2, 1), np.float32)
 
 
 def encode(x, *, imatrix=None, name: str | None = None) -> np.ndarray:
